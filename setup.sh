@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Idempotent: creates .venv/ at the repo root and installs sgl-spec (editable) with its test
+# extras and the CPU start-up hook. A second run on a ready venv takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+STAMP=.venv/.sgl-spec-setup
+
+want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
+    && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('sglang') and u.find_spec('sgl_spec')))"; then
+    .venv/bin/python -m sgl_spec.cpu_kernels.install >/dev/null
+    echo "setup.sh: .venv is up to date"
+    exit 0
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# sglang==0.5.23 brings torch 2.14.1 and ~11 GB of wheels on a fresh machine (~5 min).
+.venv/bin/python -m pip install --progress-bar off -e '.[test]'
+.venv/bin/python -m sgl_spec.cpu_kernels.install
+echo "$want" > "$STAMP"
+echo "setup.sh: done"

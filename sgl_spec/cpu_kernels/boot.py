@@ -1,0 +1,96 @@
+"""Interpreter start-up hook that lets the published ``sgl_kernel`` import on a CPU-only host.
+
+The published ``sglang-kernel`` wheel carries the Python wrappers of every CPU op
+(``sgl_kernel.speculative.verify_tree_greedy_cpu``, ``sgl_kernel.kvcacheio``, ...) but only
+a CUDA build of the compiled library; ``sgl_kernel/__init__`` dies in
+``load_utils._load_architecture_specific_ops`` with ``libcuda.so.1`` missing. SGLang's CPU
+engine imports ``sgl_kernel`` at module import time in every process it spawns, before any
+plugin runs, so the fix has to be installed at interpreter start-up: a ``.pth`` file in
+site-packages imports this module, which adds one meta-path finder. The finder touches only
+``sgl_kernel.load_utils``; when the real library loads (any GPU host) nothing changes. When
+it cannot load and no CUDA device exists, our PyTorch implementations of the CPU ops are
+registered under ``torch.ops.sgl_kernel`` and the import proceeds.
+
+This module must stay cheap: it runs in every Python process of the venv.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
+_TARGET = "sgl_kernel.load_utils"
+ENV_DISABLE = "SGLSPEC_CPU_KERNELS"
+
+
+def fallback_allowed() -> bool:
+    """True when the PyTorch CPU ops may stand in for a missing ``sgl_kernel`` library."""
+    if os.environ.get(ENV_DISABLE, "1").lower() in ("0", "false", "off"):
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _patch_load_utils(module: types.ModuleType) -> None:
+    original_load = module._load_architecture_specific_ops
+    original_preload = module._preload_cuda_library
+    state = {"fallback": False}
+
+    def load_ops() -> object:
+        try:
+            return original_load()
+        except ImportError:
+            if not fallback_allowed():
+                raise
+            from sgl_spec.cpu_kernels import register_all
+
+            register_all()
+            state["fallback"] = True
+            return types.SimpleNamespace(__name__="sgl_spec.cpu_kernels", fallback=True)
+
+    def preload_cuda() -> None:
+        if state["fallback"]:
+            return
+        original_preload()
+
+    module._load_architecture_specific_ops = load_ops
+    module._preload_cuda_library = preload_cuda
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec):  # noqa: ANN001
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._inner.exec_module(module)
+        _patch_load_utils(module)
+
+
+class SglKernelFinder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of ``sgl_kernel.load_utils``; every other import is left alone."""
+
+    def find_spec(self, fullname, path, target=None):  # noqa: ANN001
+        if fullname != _TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _WrappingLoader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Add the finder once per process (idempotent)."""
+    if any(isinstance(f, SglKernelFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, SglKernelFinder())
+
+
+install()

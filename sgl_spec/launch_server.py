@@ -1,0 +1,89 @@
+"""``python -m sgl_spec.launch_server``: SGLang's own server, with sgl-spec loaded.
+
+Accepts every ``sglang.launch_server`` flag plus ours (``--help`` lists both). On a host
+without CUDA it fills in the settings SGLang's CPU engine needs, unless the user gave them.
+Work stays under ``__main__``: SGLang spawns its scheduler with multiprocessing *spawn*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
+
+logger = logging.getLogger("sgl_spec.launch_server")
+
+
+def has_flag(argv: list[str], *names: str) -> bool:
+    return any(arg == n or arg.startswith(n + "=") for arg in argv for n in names)
+
+
+def is_cpu_host() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """SGLang's CPU-engine settings, each only where the user did not choose otherwise."""
+    argv = list(argv)
+    if not has_flag(argv, "--device"):
+        argv += ["--device", "cpu"]
+    environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    if not has_flag(argv, "--attention-backend"):
+        argv += ["--attention-backend", "intel_amx"]
+    if not has_flag(argv, "--disable-overlap-schedule", "--enable-overlap-schedule"):
+        argv += ["--disable-overlap-schedule"]
+    return argv
+
+
+def build_sglang_argv(argv: list[str], config: SpecConfig, environ: dict[str, str]) -> list[str]:
+    if config.cpu_defaults == "on" or (config.cpu_defaults == "auto" and is_cpu_host()):
+        argv = apply_cpu_defaults(argv, environ)
+    return argv
+
+
+def print_help() -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        prog="python -m sgl_spec.launch_server",
+        description="SGLang server with the sgl-spec speculative decoding plugin.",
+    )
+    ServerArgs.add_cli_args(parser)
+    SpecConfig.add_cli_args(parser)
+    parser.print_help()
+
+
+def main(argv: list[str]) -> None:
+    if has_flag(argv, "-h", "--help"):
+        print_help()
+        return
+    try:
+        config, sglang_argv = split_argv(argv)
+    except ConfigError as exc:
+        sys.exit(f"sgl_spec.launch_server: error: {exc}")
+    from sgl_spec.cpu_kernels.install import ensure_boot_hook
+
+    ensure_boot_hook()
+    os.environ[ENV_VAR] = config.to_env()
+    sglang_argv = build_sglang_argv(sglang_argv, config, os.environ)
+
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(sglang_argv)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

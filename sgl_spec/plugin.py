@@ -1,0 +1,26 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``).
+
+SGLang calls ``register()`` in the launcher, the engine and every scheduler process. It
+registers our speculative algorithms and applies the upstream patches in ``patches/``.
+No algorithm is registered before it works end to end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from sgl_spec.config import SpecConfig
+    from sgl_spec.patches import apply_patches
+
+    config = SpecConfig.from_env()
+    apply_patches(config)

@@ -1,0 +1,65 @@
+"""Our flags: parsing, validation messages naming the flag, transport to child processes, and
+the CPU defaults the launcher adds only where the user chose nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
+from sgl_spec.launch_server import apply_cpu_defaults
+
+
+def test_split_argv_keeps_sglang_flags() -> None:
+    cfg, rest = split_argv(["--model-path", "m", "--sgl-spec-cpu-defaults", "off", "--port", "1"])
+    assert cfg.cpu_defaults == "off"
+    assert rest == ["--model-path", "m", "--port", "1"]
+
+
+def test_bad_value_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--sgl-spec-cpu-defaults"):
+        split_argv(["--sgl-spec-cpu-defaults", "sometimes"])
+
+
+def test_env_round_trip_and_unknown_keys() -> None:
+    cfg = SpecConfig(cpu_defaults="on", cpu_lossless_sampling=False)
+    assert SpecConfig.from_env({ENV_VAR: cfg.to_env()}) == cfg
+    assert SpecConfig.from_env({}) == SpecConfig()
+    with pytest.raises(ConfigError, match="unknown keys"):
+        SpecConfig.from_env({ENV_VAR: '{"nope": 1}'})
+
+
+def test_cpu_defaults_respect_user_choices() -> None:
+    env: dict[str, str] = {}
+    argv = apply_cpu_defaults(["--model-path", "m"], env)
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--attention-backend") + 1] == "intel_amx"
+    assert "--disable-overlap-schedule" in argv
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    user = ["--device=cpu", "--attention-backend", "torch_native", "--enable-overlap-schedule"]
+    argv = apply_cpu_defaults(user, {"SGLANG_USE_CPU_ENGINE": "0"})
+    assert argv == user
+
+
+def test_launcher_help_lists_sglang_and_our_flags() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sgl_spec.launch_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert "--speculative-algorithm" in out and "--sgl-spec-cpu-defaults" in out
+
+
+def test_launcher_rejects_bad_flag_with_clear_message() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sgl_spec.launch_server", "--sgl-spec-cpu-defaults", "maybe"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "--sgl-spec-cpu-defaults" in proc.stderr and "Traceback" not in proc.stderr

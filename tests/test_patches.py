@@ -1,0 +1,103 @@
+"""Every upstream patch still matches the pinned SGLang, and the CPU sampling replacement
+implements the lossless multi-candidate rule (checked on constructed trees)."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_spec.patches import all_patches
+from sgl_spec.verify import tree_sampling
+
+
+def test_every_patch_matches_pinned_sglang() -> None:
+    for patch in all_patches():
+        patch.check()  # raises when the upstream target changed shape
+
+
+def _chain_tree(num_draft_tokens: int):  # noqa: ANN202
+    """Chain 0 -> 1 -> 2 ...: slot i's first child is i+1, no siblings."""
+    nxt = list(range(1, num_draft_tokens)) + [-1]
+    return (
+        torch.arange(num_draft_tokens).view(1, -1),
+        torch.tensor([nxt]),
+        torch.full((1, num_draft_tokens), -1),
+    )
+
+
+def _run(candidates, target_probs, coins, final_coin, tree):  # noqa: ANN001, ANN202
+    r_index, r_next, r_sib = tree
+    n = candidates.shape[1]
+    predicts = torch.full((n,), -7, dtype=torch.int32)
+    accept_index = torch.full((1, n), -1, dtype=torch.int32)
+    accept_num = torch.zeros(1, dtype=torch.int32)
+    tree_sampling.tree_speculative_sampling_target_only(
+        predicts,
+        accept_index,
+        accept_num,
+        candidates,
+        r_index,
+        r_next,
+        r_sib,
+        torch.tensor([coins], dtype=torch.float32),
+        torch.tensor([final_coin]),
+        target_probs,
+        torch.zeros_like(target_probs),
+    )
+    return predicts, accept_index, int(accept_num)
+
+
+def test_chain_accepts_while_coin_below_target_prob() -> None:
+    vocab = 4
+    probs = torch.zeros(1, 3, vocab)
+    probs[0, 0] = torch.tensor([0.1, 0.6, 0.2, 0.1])  # p(draft 1 | root) = 0.6
+    probs[0, 1] = torch.tensor([0.5, 0.0, 0.3, 0.2])  # p(draft 2 | 1) = 0.3
+    probs[0, 2] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    cands = torch.tensor([[9, 1, 2]])
+    predicts, acc, num = _run(cands, probs, [0.5, 0.9, 0.0], 0.99, _chain_tree(3))
+    assert num == 1 and acc[0, :2].tolist() == [0, 1]
+    assert predicts[0] == 1
+    # rejected draft 2 (coin 0.9 >= 0.3): bonus from p(.|1) without token 2 -> {0:.5, 3:.2}
+    assert predicts[1] == 3  # coin 0.99 lands in the last token with mass
+
+
+def test_siblings_take_consecutive_intervals() -> None:
+    """Root has children slot 1 (token 2) and slot 2 (token 3): coin in [p2, p2+p3) picks 3."""
+    probs = torch.zeros(1, 3, 5)
+    probs[0, 0] = torch.tensor([0.1, 0.1, 0.3, 0.4, 0.1])
+    r_index = torch.arange(3).view(1, -1)
+    r_next = torch.tensor([[1, -1, -1]])
+    r_sib = torch.tensor([[-1, 2, -1]])
+    cands = torch.tensor([[0, 2, 3]])
+    _, acc, num = _run(cands, probs, [0.5, 0.0, 0.0], 0.0, (r_index, r_next, r_sib))
+    assert num == 1 and int(acc[0, 1]) == 2
+
+
+def test_output_distribution_equals_target_on_a_tree() -> None:
+    """Monte-Carlo over coins: token law at depth 1 equals p for a 2-sibling tree."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.05, 0.15, 0.3, 0.4, 0.1])
+    probs = torch.zeros(1, 3, 5)
+    probs[0, 0] = p
+    probs[0, 1:] = torch.full((5,), 0.2)
+    tree = (torch.arange(3).view(1, -1), torch.tensor([[1, -1, -1]]), torch.tensor([[-1, 2, -1]]))
+    cands = torch.tensor([[0, 3, 1]])
+    counts = torch.zeros(5)
+    n = 4000
+    for _ in range(n):
+        coins = torch.rand(3, generator=gen).tolist()
+        predicts, acc, num = _run(cands, probs, coins, float(torch.rand(1, generator=gen)), tree)
+        counts[int(predicts[0])] += 1
+    from scipy import stats
+
+    _, p_value = stats.chisquare(counts.numpy(), (p * n).numpy())
+    assert p_value > 1e-3
+
+
+def test_filter_probs_matches_sglang_rule() -> None:
+    probs = torch.tensor([[0.5, 0.2, 0.2, 0.1]])
+    out = tree_sampling.filter_probs(probs, torch.tensor([2]), None)
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.2, 0.0, 0.0]]) / 0.7)
+    probs = torch.tensor([[0.25, 0.5, 0.1, 0.15]])
+    # keep tokens while the sorted mass before them is <= top_p: 0.5, 0.25 (0.75 > 0.6 stops)
+    out = tree_sampling.filter_probs(probs, None, torch.tensor([0.6]))
+    torch.testing.assert_close(out, torch.tensor([[0.25, 0.5, 0.0, 0.0]]) / 0.75)

@@ -1,0 +1,111 @@
+"""Tiny random-weight Llama models + a byte-level BPE tokenizer, built on the fly for tests.
+
+Random weights are fine for mechanics (greedy equality, sampling distribution); the lm_head is
+scaled up so next-token distributions are peaked and greedy argmaxes are separated by clear
+margins rather than float noise.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [str(stdlib / name) for name in ("textwrap.py", "string.py", "bisect.py")]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train(files, trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 2048,
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
+
+
+def build_llama(
+    out_dir: Path,
+    *,
+    seed: int,
+    vocab_size: int = 512,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    logit_scale: float = 40.0,
+    tokenizer_dir: Path | None = None,
+) -> Path:
+    """Write a random LlamaForCausalLM (fp32 safetensors) + tokenizer to ``out_dir``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=0,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    _save(model, out_dir, tokenizer_dir)
+    return out_dir
+
+
+def perturbed_copy(src_dir: Path, out_dir: Path, *, seed: int, noise: float) -> Path:
+    """A draft that agrees with the target most of the time: its weights plus Gaussian noise
+    (relative scale ``noise``), so acceptance is high but rejections really happen."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM.from_pretrained(src_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * param.std() * noise)
+    _save(model, out_dir, src_dir)
+    return out_dir
+
+
+def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:  # noqa: ANN001
+    import shutil
+
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if tokenizer_dir is None:
+        build_tokenizer(out_dir, model.config.vocab_size)
+    else:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_dir / name, out_dir / name)

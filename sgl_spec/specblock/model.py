@@ -1,0 +1,402 @@
+"""The SpecBlock drafter (paper §3.1-3.2): one forward drafts a block of K dependent positions.
+
+Inputs per start (Eqs. 1-2): a condition (the target's low/mid/top hidden states through
+``W_cond``, or for later blocks the drafter's own cached last-layer state, Algorithm 2), the
+embedding of the start token (the target's embedding, frozen; App. A.1) and K learned position
+queries, fused by ``W_fuse``. L Llama decoder layers run over the K block positions under the
+block mask of App. A.2 (causal inside the block, plus any cached context keys the caller makes
+visible), with the layer-wise shift ``W_shift`` of Eq. (3) between consecutive layers. The
+lm_head reads a reduced draft vocabulary; ``d2t`` maps draft ids to target ids. The rank head
+(§3.2) reads the detached state and ``psi(p)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+
+from sgl_spec.specblock.mask import ContextKV, block_attention_mask
+from sgl_spec.specblock.rank import RankHead
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+MODEL_TYPE = "specblock_drafter"
+FORMAT_VERSION = 1
+# Llama per-layer settings carried over from the target (§4.1: layers match the target's).
+_LAYER_KEYS = (
+    "intermediate_size num_attention_heads num_key_value_heads head_dim hidden_act rms_norm_eps "
+    "rope_parameters max_position_embeddings attention_bias mlp_bias"
+).split()
+
+
+class CheckpointError(ValueError):
+    """A drafter checkpoint directory is missing a file or holds a corrupt/incompatible one."""
+
+
+@dataclass
+class SpecBlockConfig:
+    """Shape and ablation flags of the drafter (§3.1, §4.1 defaults K=4, L=2, Table 2 flags).
+
+    ``aux_layer_ids`` are the target layers whose *outputs* form (low, mid, top), EAGLE-3's
+    ``eagle_aux_hidden_state_layer_ids`` convention. ``layer_config`` holds the Llama per-layer
+    settings (heads, MLP width, rope, eps) of the drafter's decoder layers.
+    """
+
+    hidden_size: int  # d
+    target_hidden_size: int  # d_target
+    target_vocab_size: int
+    draft_vocab_size: int  # V_d
+    aux_layer_ids: tuple[int, int, int]
+    block_size: int = 4  # K
+    num_layers: int = 2  # L
+    rank_hidden_size: int = 256
+    prefix_broadcast: bool = True
+    layer_shift: bool = True
+    rank_head: bool = True
+    layer_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)  # type: ignore[assignment]
+        positive = ("hidden_size", "target_hidden_size", "target_vocab_size", "block_size")
+        for name in (*positive, "num_layers", "rank_hidden_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"SpecBlockConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if not 10 <= self.draft_vocab_size <= self.target_vocab_size:
+            raise ValueError(
+                f"SpecBlockConfig.draft_vocab_size must be in [10, target_vocab_size="
+                f"{self.target_vocab_size}] (psi needs the top 10), got {self.draft_vocab_size}"
+            )
+        if len(self.aux_layer_ids) != 3 or min(self.aux_layer_ids) < 0:
+            raise ValueError(
+                f"SpecBlockConfig.aux_layer_ids must be 3 layer ids >= 0, got {self.aux_layer_ids}"
+            )
+
+    @classmethod
+    def from_target(
+        cls, target: LlamaConfig, *, draft_vocab_size: int, **overrides: Any
+    ) -> SpecBlockConfig:
+        """Drafter config for ``target``: same hidden size and per-layer architecture (App. A.1)."""
+        n = target.num_hidden_layers
+        # SGLang's EAGLE-3 default captures the inputs of layers (2, n//2, n-3); tiny targets
+        # spread the three over the stack instead.
+        default_ids = (1, n // 2 - 1, n - 4) if n >= 8 else (0, (n - 1) // 2, n - 1)
+        layer = {k: getattr(target, k) for k in _LAYER_KEYS if getattr(target, k, None) is not None}
+        kwargs: dict[str, Any] = dict(
+            hidden_size=target.hidden_size,
+            target_hidden_size=target.hidden_size,
+            target_vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            aux_layer_ids=default_ids,
+            layer_config=json.loads(json.dumps(layer)),
+        )
+        kwargs.update(overrides)
+        config = cls(**kwargs)
+        if max(config.aux_layer_ids) >= n:
+            raise ValueError(f"aux_layer_ids {config.aux_layer_ids} exceed the target's {n} layers")
+        return config
+
+    def llama_config(self) -> LlamaConfig:
+        """LlamaConfig of the drafter's decoder layers (hidden size d, L layers)."""
+        cfg = LlamaConfig(
+            **self.layer_config,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            vocab_size=self.target_vocab_size,
+        )
+        cfg._attn_implementation = "sdpa"
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_type": MODEL_TYPE,
+            "format_version": FORMAT_VERSION,
+            **dataclasses.asdict(self),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpecBlockConfig:
+        data = dict(data)
+        if data.pop("model_type", None) != MODEL_TYPE:
+            raise ValueError(f"model_type is not {MODEL_TYPE!r}")
+        version = data.pop("format_version", None)
+        if version != FORMAT_VERSION:
+            raise ValueError(f"format_version {version!r} is not {FORMAT_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}")
+        return cls(**data)
+
+
+@dataclass
+class BlockOutput:
+    """One drafter forward over ``S`` starts of ``K`` positions each."""
+
+    logits: torch.Tensor  # [bs, S, K, V_d] draft logits
+    rank_logits: torch.Tensor | None  # [bs, S, K, 4]; None when the rank head is ablated
+    hidden: torch.Tensor  # [bs, S, K, d] last-layer states h^(L), cached for later blocks
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [bs, n_kv, S*K, head_dim] each
+
+
+class _BlockCache:
+    """Minimal stand-in for transformers' ``Cache``: prepends the caller's cached context keys
+    and values to each layer's block keys/values, and records the block's own."""
+
+    def __init__(self, context: ContextKV | None, num_layers: int) -> None:
+        self.context = context
+        self.new: list[tuple[torch.Tensor, torch.Tensor]] = [None] * num_layers  # type: ignore[list-item]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kw: Any):
+        self.new[layer_idx] = (key, value)
+        if self.context is None:
+            return key, value
+        ctx_k, ctx_v = self.context[layer_idx]
+        return torch.cat([ctx_k, key], dim=2), torch.cat([ctx_v, value], dim=2)
+
+
+class SpecBlockDrafter(nn.Module):
+    """The drafter block of §3.1 with the rank head of §3.2 (which reads ``norm(h^(L))``, the
+    state the lm_head reads; the un-normed ``h^(L)`` is what later blocks condition on)."""
+
+    def __init__(self, config: SpecBlockConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, dt, k = config.hidden_size, config.target_hidden_size, config.block_size
+        layer_cfg = config.llama_config()
+        eps = layer_cfg.rms_norm_eps
+        self.embed_tokens = nn.Embedding(config.target_vocab_size, dt)
+        self.embed_tokens.weight.requires_grad_(False)  # frozen target embedding (App. A.1)
+        self.cond_proj = nn.Linear(3 * dt, d, bias=False)  # W_cond, Eq. (1)
+        self.cond_norm = LlamaRMSNorm(d, eps=eps)
+        self.token_norm = LlamaRMSNorm(dt, eps=eps)
+        self.query_norm = LlamaRMSNorm(d, eps=eps)
+        self.position_queries = nn.Parameter(torch.randn(k, d) * 0.02)  # q_1..q_K
+        self.fuse = nn.Linear(d + dt + d, d, bias=False)  # W_fuse, Eq. (2)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(layer_cfg, layer_idx=i) for i in range(config.num_layers)
+        )
+        num_shifts = config.num_layers - 1 if config.layer_shift else 0
+        self.shifts = nn.ModuleList(nn.Linear(2 * d, d, bias=False) for _ in range(num_shifts))
+        self.rotary = LlamaRotaryEmbedding(layer_cfg)
+        self.norm = LlamaRMSNorm(d, eps=eps)
+        self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
+        self.rank_head = RankHead(d, config.rank_hidden_size) if config.rank_head else None
+        self.register_buffer("d2t", torch.arange(config.draft_vocab_size), persistent=True)
+
+    # ---- vocabulary and embedding -------------------------------------------------------------
+
+    def set_target_embedding(self, weight: torch.Tensor) -> None:  # [V_target, d_target]
+        """Copy the target's token embedding in; it stays frozen (App. A.1)."""
+        if weight.shape != self.embed_tokens.weight.shape:
+            raise ValueError(
+                f"target embedding shape {tuple(weight.shape)} != "
+                f"{tuple(self.embed_tokens.weight.shape)}"
+            )
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight)
+        self.embed_tokens.weight.requires_grad_(False)
+
+    def set_draft_vocab(self, d2t: torch.Tensor) -> None:  # [V_d] target id of each draft id
+        """Install the draft->target id map (distinct target ids, one per draft id)."""
+        cfg = self.config
+        if d2t.shape != (cfg.draft_vocab_size,):
+            raise ValueError(
+                f"d2t must have shape ({cfg.draft_vocab_size},), got {tuple(d2t.shape)}"
+            )
+        if (
+            d2t.min() < 0
+            or d2t.max() >= cfg.target_vocab_size
+            or d2t.unique().numel() != d2t.numel()
+        ):
+            raise ValueError("d2t must hold distinct target ids in [0, target_vocab_size)")
+        self.d2t.copy_(d2t.long())
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def fuse_inputs(
+        self,
+        cond: torch.Tensor,  # [bs, S, 3*d_target] target features, or [bs, S, d] drafter state
+        input_ids: torch.Tensor,  # [bs, S] start token (target ids)
+        from_draft: bool,
+    ) -> torch.Tensor:  # [bs, S, K, d]
+        """``h^(0)_{t,k} = W_fuse[norm(c_t), norm(embed(x_t)), norm(q_k)]`` (Eqs. 1-2).
+
+        Later blocks condition on the drafter's cached ``h^(L)`` and bypass ``W_cond`` (§3.2).
+        With prefix broadcast (the default) every position gets ``c_t`` and ``embed(x_t)``;
+        ablated (Table 2), only position 1 gets them and the others see their query alone.
+        """
+        d = self.config.hidden_size
+        width = d if from_draft else 3 * self.config.target_hidden_size
+        if cond.shape[-1] != width:
+            raise ValueError(
+                f"condition width {cond.shape[-1]} != {width} (from_draft={from_draft})"
+            )
+        context = cond if from_draft else self.cond_proj(cond)
+        token = self.embed_tokens(input_ids).to(context.dtype)
+        w = self.fuse.weight
+        prefix = F.linear(self.cond_norm(context), w[:, :d]) + F.linear(
+            self.token_norm(token), w[:, d:-d]
+        )  # [bs, S, d]
+        query = F.linear(self.query_norm(self.position_queries.to(context.dtype)), w[:, -d:])
+        prefix = prefix.unsqueeze(2)  # [bs, S, 1, d]
+        if not self.config.prefix_broadcast:
+            first = torch.zeros(self.config.block_size, 1, dtype=prefix.dtype, device=prefix.device)
+            first[0] = 1
+            prefix = prefix * first
+        return prefix + query
+
+    def layer_shift(self, hidden: torch.Tensor, layer: int) -> torch.Tensor:  # [bs, S, K, d]
+        """Eq. (3): ``W_shift^(l)[h_k, h_{k-1}]`` with ``h_0 = h_1``, inside each block."""
+        previous = torch.cat([hidden[:, :, :1], hidden[:, :, :-1]], dim=2)
+        return self.shifts[layer](torch.cat([hidden, previous], dim=-1))
+
+    def forward(
+        self,
+        cond: torch.Tensor,  # [bs, S, 3*d_target] or [bs, S, d] (from_draft)
+        input_ids: torch.Tensor,  # [bs, S]
+        *,
+        from_draft: bool = False,
+        positions: torch.Tensor | None = None,  # [bs, S] position of each start token
+        context_kv: ContextKV | None = None,  # per layer ([bs, n_kv, C, hd], same)
+        attention_mask: torch.Tensor | None = None,  # [bs|1, S*K, C + S*K] bool
+    ) -> BlockOutput:
+        """Draft one block of K positions for each of ``S`` starts.
+
+        Block slot ``k`` (0-based) of a start at position ``p`` takes rotary position
+        ``p + 1 + k``, the position of the token it predicts. ``context_kv`` holds keys/values
+        the caller cached (the prefix's block keys, on-path positions of earlier blocks;
+        App. A.2); ``attention_mask`` defaults to :func:`block_attention_mask` with all context
+        visible.
+        """
+        bs, num_starts = input_ids.shape
+        k, d = self.config.block_size, self.config.hidden_size
+        hidden = self.fuse_inputs(cond, input_ids, from_draft)  # [bs, S, K, d]
+        if positions is None:
+            positions = torch.arange(num_starts, device=hidden.device).expand(bs, num_starts)
+        slot = torch.arange(1, k + 1, device=hidden.device)
+        position_ids = (positions[:, :, None] + slot).reshape(bs, num_starts * k)
+        num_context = 0 if context_kv is None else context_kv[0][0].shape[2]
+        if attention_mask is None:
+            attention_mask = block_attention_mask(k, num_starts, num_context, device=hidden.device)
+        expected = (num_starts * k, num_context + num_starts * k)
+        if tuple(attention_mask.shape[-2:]) != expected:
+            raise ValueError(f"attention_mask must end in {expected}, got {attention_mask.shape}")
+        mask = attention_mask.to(torch.bool).reshape(-1, 1, *expected)
+        cache = _BlockCache(context_kv, len(self.layers))
+        flat = hidden.reshape(bs, num_starts * k, d)
+        rope = self.rotary(flat, position_ids)
+        for i, layer in enumerate(self.layers):
+            if i > 0 and self.config.layer_shift:
+                flat = self.layer_shift(flat.view(bs, num_starts, k, d), i - 1).flatten(1, 2)
+            flat = layer(
+                flat,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                position_embeddings=rope,
+            )
+        hidden = flat.view(bs, num_starts, k, d)
+        normed = self.norm(hidden)
+        logits = self.lm_head(normed)
+        rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)
+        return BlockOutput(logits, rank_logits, hidden, cache.new)
+
+    def draft_block(
+        self,
+        cond: torch.Tensor,  # [bs, 3*d_target] target features at the prefix end, or [bs, d]
+        input_ids: torch.Tensor,  # [bs] last verified token (or the start node's token)
+        *,
+        from_draft: bool = False,
+        positions: torch.Tensor | None = None,  # [bs]
+        context_kv: ContextKV | None = None,
+        attention_mask: torch.Tensor | None = None,  # [bs|1, K, C + K] bool
+    ) -> BlockOutput:
+        """One block per start (Algorithm 2, line 5): outputs are ``[bs, K, ...]``.
+
+        The first block conditions on the target's (low, mid, top) features; later blocks pass
+        the cached ``h^(L)`` of their start position with ``from_draft=True``.
+        """
+        out = self.forward(
+            cond[:, None],
+            input_ids[:, None],
+            from_draft=from_draft,
+            positions=None if positions is None else positions[:, None],
+            context_kv=context_kv,
+            attention_mask=attention_mask,
+        )
+        rank = None if out.rank_logits is None else out.rank_logits[:, 0]
+        return BlockOutput(out.logits[:, 0], rank, out.hidden[:, 0], out.kv)
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (embedding and ``d2t`` included)."""
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.state_dict().items()}
+        save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> SpecBlockDrafter:
+        """Load a drafter saved by :meth:`save_pretrained`; any defect raises
+        :class:`CheckpointError` naming the file."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        root = Path(directory)
+        config_path, weights_path = root / CONFIG_NAME, root / WEIGHTS_NAME
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise CheckpointError(f"SpecBlock drafter checkpoint: missing file {path}")
+        try:
+            config = SpecBlockConfig.from_dict(json.loads(config_path.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(
+                f"SpecBlock drafter checkpoint: bad {config_path}: {exc}"
+            ) from exc
+        try:
+            state = load_file(str(weights_path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"SpecBlock drafter checkpoint: corrupt {weights_path}: {exc}"
+            ) from exc
+        model = cls(config)
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        shapes = [n for n in expected if n in state and state[n].shape != expected[n].shape]
+        if missing or unexpected or shapes:
+            raise CheckpointError(
+                f"SpecBlock drafter checkpoint: {weights_path} does not match {config_path}: "
+                f"missing={missing} unexpected={unexpected} wrong_shape={shapes}"
+            )
+        model.load_state_dict(state)
+        model.embed_tokens.weight.requires_grad_(False)
+        return model
+
+
+def draft_vocab_from_counts(
+    counts: torch.Tensor,  # [V_target] token frequencies in the training data
+    draft_vocab_size: int,
+) -> torch.Tensor:  # [V_d] d2t: target id of each draft id, most frequent first
+    """Frequency-ranked reduced vocabulary (App. A.1, following EAGLE-3); ties by lower id."""
+    if draft_vocab_size > counts.numel():
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} > vocabulary {counts.numel()}")
+    order = torch.argsort(-counts.double(), stable=True)
+    return order[:draft_vocab_size].long()

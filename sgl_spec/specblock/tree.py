@@ -1,0 +1,280 @@
+"""Rank-guided draft tree of SpecBlock (paper §3.2, App. A.5, Algorithm 2) as pure functions.
+
+One verifier iteration grows the tree in at most M block expansions. A block drafted from a
+start node proposes K positions; position ``k`` attaches the top-``b(bucket_k)`` tokens of its
+draft distribution as siblings (Algorithm 2, line 7). The block's own path is its greedy chain:
+the siblings at position ``k`` hang off the top-1 node of position ``k-1`` (the start node for
+``k = 1``), since the drafter's later positions are conditioned on that chain. A width of 0
+(the give-up bucket of ``[2, 4, 10, 0]``) stops the block there: nothing at ``k`` or deeper.
+
+Next-block starts (line 9) are chosen from the rank buckets: the alternatives (non-top-1
+siblings) at positions whose bucket is in ``start_buckets`` (default: the uncertain but
+recoverable b1, b2), and the end of every block whose chain ran all K positions. Each start
+carries the block row and slot of the cached ``h^(L)`` it continues from. Finally the tree is
+cut to a node budget by cumulative draft log-probability, which keeps every kept node's
+ancestors (a child's score never exceeds its parent's).
+
+Node 0 is the root (the last verified token); parents precede children. The verifier inputs
+follow SGLang's convention (``sglang/kernels/ops/speculative/spec_tree.py``):
+``retrieve_index[i] = flat_offset + i``, ``retrieve_next_token`` = first (lowest-index) child,
+``retrieve_next_sibling`` = next higher-index child of the same parent, -1 for none;
+``positions = seq_len + depth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+BUCKET_MAP_DEFAULT = (2, 4, 10, 0)  # App. A.5: give up on the rank > 10 bucket
+BUCKET_MAP_FALLBACK = (2, 4, 6, 4)  # App. A.5: keeps a 4-candidate fallback at give-up positions
+DEFAULT_START_BUCKETS = (1, 2)
+
+
+def branch_widths(
+    buckets: torch.Tensor,  # [..., K] predicted bucket per position (argmax of rank logits)
+    bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT,
+) -> torch.Tensor:  # [..., K] long, siblings to attach per position
+    """Per-position branching width ``b(bucket)`` (§3.2 "Bucket-driven branching", App. A.5)."""
+    if len(bucket_map) != 4 or min(bucket_map) < 0:
+        raise ValueError(f"bucket_map needs 4 widths >= 0, got {tuple(bucket_map)}")
+    table = torch.tensor(list(bucket_map), dtype=torch.long, device=buckets.device)
+    return table[buckets.long()]
+
+
+@dataclass
+class DraftTree:
+    """Growing candidate tree; node 0 is the root (last verified token), parent index -1."""
+
+    tokens: list[int]
+    parents: list[int]
+    depth: list[int]
+    score: list[float]  # cumulative draft log-probability along the path (root 0)
+
+    @classmethod
+    def rooted_at(cls, token: int) -> DraftTree:
+        return cls([int(token)], [-1], [0], [0.0])
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int, logprob: float) -> int:
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.depth.append(self.depth[parent] + 1)
+        self.score.append(self.score[parent] + float(logprob))
+        return self.num_nodes - 1
+
+
+@dataclass(frozen=True)
+class Start:
+    """A block starting point (Algorithm 2, lines 2 and 9).
+
+    ``row``/``slot`` locate the cached ``h^(L)`` in the previous block forward's output
+    (``-1`` for the first block, which uses the target's features). ``path_slots`` are the
+    slots by which the path to this start leaves each earlier block of the iteration (the
+    cross-block visibility of App. A.2, see ``mask.cross_block_visibility``).
+    """
+
+    node: int
+    row: int = -1
+    slot: int = -1
+    path_slots: tuple[int, ...] = ()
+
+
+@dataclass
+class BlockProposal:
+    """What one batched drafter forward proposes for ``n`` starts."""
+
+    top_tokens: torch.Tensor  # [n, K, W] target ids, best first
+    top_logprobs: torch.Tensor  # [n, K, W] draft log-probabilities of those tokens
+    buckets: torch.Tensor | None  # [n, K] predicted rank bucket; None without a rank head
+
+
+def propose_from_logits(
+    logits: torch.Tensor,  # [n, K, V_d] draft logits
+    d2t: torch.Tensor,  # [V_d] target id of each draft id
+    rank_logits: torch.Tensor | None,  # [n, K, 4]
+    max_width: int,
+) -> BlockProposal:
+    """Top-``max_width`` candidates per position, mapped to target ids."""
+    logprobs = logits.float().log_softmax(-1)
+    top = logprobs.topk(min(max_width, logits.shape[-1]), dim=-1)
+    buckets = None if rank_logits is None else rank_logits.argmax(-1)
+    return BlockProposal(d2t[top.indices], top.values, buckets)
+
+
+def expand_blocks(
+    tree: DraftTree,
+    starts: Sequence[Start],
+    proposal: BlockProposal,
+    bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT,
+    fixed_width: int = 2,
+    start_buckets: Sequence[int] = DEFAULT_START_BUCKETS,
+) -> list[Start]:
+    """Attach one block per start to ``tree`` (in place); return the candidate next starts.
+
+    Without a rank head (``proposal.buckets is None``, the Table 2 ablation) every position
+    gets ``fixed_width`` siblings and only chain ends start later blocks.
+    """
+    n, k = proposal.top_tokens.shape[:2]
+    if len(starts) != n:
+        raise ValueError(f"{len(starts)} starts but a proposal for {n}")
+    if proposal.buckets is None:
+        widths = torch.full((n, k), fixed_width, dtype=torch.long)
+        buckets = torch.full((n, k), -1, dtype=torch.long)
+    else:
+        buckets = proposal.buckets.cpu()
+        widths = branch_widths(buckets, bucket_map)
+    widths = widths.clamp(max=proposal.top_tokens.shape[2]).tolist()
+    tokens, logprobs, buckets = (
+        proposal.top_tokens.tolist(),
+        proposal.top_logprobs.tolist(),
+        buckets.tolist(),
+    )
+    next_starts: list[Start] = []
+    for i, start in enumerate(starts):
+        parent = start.node
+        for slot in range(k):
+            width = widths[i][slot]
+            if width == 0:
+                break
+            children = [
+                tree.add(tokens[i][slot][j], parent, logprobs[i][slot][j]) for j in range(width)
+            ]
+            if buckets[i][slot] in start_buckets:
+                path = (*start.path_slots, slot)
+                next_starts += [Start(c, i, slot, path) for c in children[1:]]
+            parent = children[0]
+        else:
+            next_starts.append(Start(parent, i, k - 1, (*start.path_slots, k - 1)))
+    return next_starts
+
+
+def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[int]]:
+    """Keep the root and the ``max_nodes - 1`` best-scoring nodes; returns the pruned tree and
+    the old index of each kept node (creation order, so parents still precede children)."""
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    if tree.num_nodes <= max_nodes:
+        return tree, list(range(tree.num_nodes))
+    order = sorted(range(1, tree.num_nodes), key=lambda i: (-tree.score[i], i))
+    kept = [0, *sorted(order[: max_nodes - 1])]
+    new_index = {old: new for new, old in enumerate(kept)}
+    pruned = DraftTree.rooted_at(tree.tokens[0])
+    for old in kept[1:]:
+        parent = tree.parents[old]
+        if parent not in new_index:
+            raise AssertionError("budget cut dropped an ancestor")  # scores must be monotone
+        pruned.tokens.append(tree.tokens[old])
+        pruned.parents.append(new_index[parent])
+        pruned.depth.append(tree.depth[old])
+        pruned.score.append(tree.score[old])
+    return pruned, kept
+
+
+def grow_tree(
+    draft: Callable[[list[Start]], BlockProposal],
+    root_token: int,
+    num_blocks: int,
+    max_nodes: int,
+    bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT,
+    max_starts: int = 8,
+    fixed_width: int = 2,
+    start_buckets: Sequence[int] = DEFAULT_START_BUCKETS,
+) -> DraftTree:
+    """Algorithm 2, lines 2-10: up to ``num_blocks`` (M) batched drafter calls, then the budget.
+
+    ``draft(starts)`` runs one batched drafter forward for the given starts (the first call
+    gets the single root start and uses the target's features). Each round keeps the
+    ``max_starts`` best-scoring candidate starts; growth stops early once the tree holds
+    ``max_nodes`` nodes or no start is left.
+    """
+    tree = DraftTree.rooted_at(root_token)
+    starts = [Start(0)]
+    for _ in range(num_blocks):
+        if not starts or tree.num_nodes >= max_nodes:
+            break
+        proposal = draft(starts)
+        candidates = expand_blocks(tree, starts, proposal, bucket_map, fixed_width, start_buckets)
+        candidates.sort(key=lambda s: (-tree.score[s.node], s.node))
+        starts = candidates[:max_starts]
+    return prune_to_budget(tree, max_nodes)[0]
+
+
+@dataclass
+class TreeVerifyInput:
+    """Everything the target's tree-verify forward needs for one request."""
+
+    draft_tokens: torch.Tensor  # [n] token of each node, root first
+    parents: torch.Tensor  # [n] parent node, -1 for the root
+    positions: torch.Tensor  # [n] seq_len + depth
+    tree_mask: torch.Tensor  # [n, n] bool, row i: node i and its ancestors
+    retrieve_index: torch.Tensor  # [n] flat_offset + i
+    retrieve_next_token: torch.Tensor  # [n] first child, -1 for none
+    retrieve_next_sibling: torch.Tensor  # [n] next sibling, -1 for none
+
+
+def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:  # [n, n] bool
+    """Row ``i`` marks node ``i`` and all its ancestors; parents must precede children."""
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            if parent >= i:
+                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+            mask[i] |= mask[parent]
+    return mask
+
+
+def build_verify_input(tree: DraftTree, seq_len: int, flat_offset: int = 0) -> TreeVerifyInput:
+    """Flatten ``tree`` into the verifier's inputs (SGLang convention, see module docstring)."""
+    n = tree.num_nodes
+    next_token = [-1] * n
+    next_sibling = [-1] * n
+    last_child = [-1] * n
+    for i in range(1, n):
+        parent = tree.parents[i]
+        if last_child[parent] == -1:
+            next_token[parent] = i
+        else:
+            next_sibling[last_child[parent]] = i
+        last_child[parent] = i
+    return TreeVerifyInput(
+        draft_tokens=torch.tensor(tree.tokens, dtype=torch.long),
+        parents=torch.tensor(tree.parents, dtype=torch.long),
+        positions=seq_len + torch.tensor(tree.depth, dtype=torch.long),
+        tree_mask=ancestor_mask(tree.parents),
+        retrieve_index=flat_offset + torch.arange(n, dtype=torch.long),
+        retrieve_next_token=torch.tensor(next_token, dtype=torch.long),
+        retrieve_next_sibling=torch.tensor(next_sibling, dtype=torch.long),
+    )
+
+
+def greedy_verify_walk(
+    tokens: Sequence[int],  # [n] token of each node
+    parents: Sequence[int],  # [n]
+    target_predict: Sequence[int],  # [n] target argmax after each node
+) -> tuple[list[int], int]:
+    """Reference greedy tree verification: the longest root path whose every draft token equals
+    the target's argmax at its parent. Returns the path's nodes (root first) and the bonus
+    token (the target's argmax at the path's last node); acceptance length = len(path)."""
+    children: list[list[int]] = [[] for _ in tokens]
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            children[parent].append(i)
+
+    def longest(node: int) -> list[int]:
+        best: list[int] = []
+        for child in children[node]:
+            if tokens[child] == target_predict[node]:
+                path = longest(child)
+                if len(path) > len(best):
+                    best = path
+        return [node, *best]
+
+    path = longest(0)
+    return path, int(target_predict[path[-1]])

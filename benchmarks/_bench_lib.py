@@ -1,0 +1,317 @@
+"""Pure helpers of ``bench_speculative.py``: CLI, algorithm -> server flags, results and ratios.
+
+No servers or subprocesses here, so all of it is unit-tested without a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Metrics read from ``sglang.bench_serving``'s output file, and the ones given as ratios.
+BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms", "mean_tpot_ms")
+RATIO_METRICS = ("output_throughput", "mean_e2e_latency_ms", "mean_tpot_ms")
+SPECULATIVE_PREFIX = "--speculative-"
+RESERVED_FLAGS = ("--host", "--port")
+HOST = "127.0.0.1"
+BENCH_SERVING_FIXED = (
+    f"--backend sglang --host {HOST} --dataset-name random-ids --random-range-ratio 1.0 "
+    "--seed 1 --disable-tqdm"
+).split()
+
+CHAIN_DEFAULTS = (
+    ("--speculative-num-steps", "3"),
+    ("--speculative-eagle-topk", "1"),
+    ("--speculative-num-draft-tokens", "4"),
+)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """How one ``--algorithms`` name becomes server flags.
+
+    ``flags`` are always passed; ``defaults`` only where the user did not give that flag.
+    A non-speculative algorithm drops every pass-through ``--speculative-*`` flag (e.g. the
+    draft model path that the speculative runs of the same invocation need).
+    """
+
+    flags: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, str], ...] = ()
+    speculative: bool = True
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "none": Algorithm(speculative=False),
+    "standalone": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
+}
+
+
+class BenchError(ValueError):
+    """A bad command line, reported before any server starts."""
+
+
+def has_flag(argv: list[str], name: str) -> bool:
+    return any(arg == name or arg.startswith(name + "=") for arg in argv)
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """Last value of ``name`` in ``argv`` (``--name v`` or ``--name=v``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def drop_flags(argv: list[str], prefix: str) -> list[str]:
+    """``argv`` without every flag starting with ``prefix`` and the values that follow it."""
+    out: list[str] = []
+    dropping = False
+    for arg in argv:
+        if arg.startswith("--"):
+            dropping = arg.startswith(prefix)
+        if not dropping:
+            out.append(arg)
+    return out
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Our flags, plus the unknown ones, which go unchanged to every server."""
+    parser = argparse.ArgumentParser(
+        prog="bench_speculative.py",
+        allow_abbrev=False,
+        description="Serve each algorithm in turn with sgl_spec.launch_server, drive it with "
+        "sglang.bench_serving, and report metrics with ratios against the first algorithm. "
+        "Unknown flags are passed to every server (e.g. --model-path M).",
+    )
+    parser.add_argument(
+        "--algorithms",
+        required=True,
+        help=f"comma list; the first is the reference for ratios. Known: {', '.join(ALGORITHMS)}",
+    )
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--max-concurrency", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--port-base", type=int, default=31000)
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds for a server start, and for a bench"
+    )
+    parser.add_argument("--log-dir", default=None, help="server / bench logs (default: a tmp dir)")
+    args, extra = parser.parse_known_args(argv)
+    args.algorithms = parse_algorithms(args.algorithms)
+    for name in ("num_prompts", "max_concurrency", "output_len", "input_len"):
+        if getattr(args, name) < 1:
+            raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
+    for flag in RESERVED_FLAGS:
+        if has_flag(extra, flag):
+            raise BenchError(f"{flag} is chosen by the benchmark; use --port-base instead")
+    for algorithm in args.algorithms:
+        for flag in ALGORITHMS[algorithm].flags:
+            if flag.startswith("--") and has_flag(extra, flag):
+                raise BenchError(f"{flag} is set by --algorithms ({algorithm}); remove it")
+    return args, extra
+
+
+def parse_algorithms(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise BenchError("--algorithms is empty")
+    unknown = [name for name in names if name not in ALGORITHMS]
+    if unknown:
+        raise BenchError(
+            f"unknown algorithm(s) {', '.join(unknown)} in --algorithms; "
+            f"known: {', '.join(ALGORITHMS)} (lower-case)"
+        )
+    if len(set(names)) != len(names):
+        raise BenchError(f"--algorithms lists a name twice: {text}")
+    return names
+
+
+def server_flags(algorithm: str, extra: list[str]) -> list[str]:
+    """Flags for one server: the pass-through flags plus the algorithm's own."""
+    spec = ALGORITHMS[algorithm]
+    if not spec.speculative:
+        return drop_flags(extra, SPECULATIVE_PREFIX)
+    flags = [*extra, *spec.flags]
+    for name, value in spec.defaults:
+        if not has_flag(extra, name):
+            flags += [name, value]
+    return flags
+
+
+def model_path(extra: list[str]) -> str | None:
+    return flag_value(extra, "--model-path") or flag_value(extra, "--model")
+
+
+def is_reference_baseline(algorithms: list[str]) -> bool:
+    """Greedy equality is meaningful only against a non-speculative first run."""
+    return not ALGORITHMS[algorithms[0]].speculative
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def pick_accept_length(bench: float | None, greedy: float | None) -> dict:
+    """``mean_accept_length`` (accepted draft tokens + the bonus token, per verify step).
+
+    Prefer the server's running mean over the benchmark itself; SGLang updates it only every
+    ``--decode-log-interval`` (40) decode steps, so short runs fall back to the mean of
+    ``meta_info.spec_accept_length`` over the fixed greedy requests.
+    """
+    if bench is not None:
+        return {"mean_accept_length": bench, "accept_length_source": "bench_serving"}
+    if greedy is not None:
+        return {"mean_accept_length": greedy, "accept_length_source": "greedy"}
+    return {"mean_accept_length": None, "accept_length_source": None}
+
+
+def add_ratios(runs: list[dict]) -> None:
+    """``ratios[m] = run[m] / runs[0][m]`` for each ratio metric (None where undefined)."""
+    reference = runs[0] if runs and "error" not in runs[0] else {}
+    for run in runs:
+        if "error" in run:
+            continue
+        ratios = {}
+        for metric in RATIO_METRICS:
+            ref, value = reference.get(metric), run.get(metric)
+            ratios[metric] = value / ref if ref and value is not None else None
+        run["ratios"] = ratios
+
+
+def assemble(command: str, host: dict, algorithms: list[str], runs: list[dict]) -> dict:
+    """The result JSON: greedy equality against a non-speculative first run, then ratios.
+
+    Consumes each run's ``greedy_output_ids``; failed runs keep only their ``error``.
+    """
+    reference = runs[0].get("greedy_output_ids") if is_reference_baseline(algorithms) else None
+    for i, run in enumerate(runs):
+        ids = run.pop("greedy_output_ids", None)
+        if "error" not in run:
+            equal = None if i == 0 or reference is None or ids is None else ids == reference
+            run["greedy_equal_baseline"] = equal
+    add_ratios(runs)
+    return {"command": command, "host": host, "runs": runs}
+
+
+def bench_serving_argv(
+    port: int, args: argparse.Namespace, model: str | None, output_file: Path
+) -> list[str]:
+    """``sglang.bench_serving`` on the offline ``random-ids`` dataset (``random`` downloads
+    ShareGPT), fixed lengths (range ratio 1.0) and seed, so every algorithm gets the same load."""
+    options = {
+        "--port": port,
+        "--random-input-len": args.input_len,
+        "--random-output-len": args.output_len,
+        "--num-prompts": args.num_prompts,
+        "--max-concurrency": args.max_concurrency,
+        "--output-file": output_file,
+    }
+    if model is not None:
+        options["--tokenizer"] = model
+    pairs = [str(item) for option in options.items() for item in option]
+    return [sys.executable, "-m", "sglang.bench_serving", *BENCH_SERVING_FIXED, *pairs]
+
+
+def parse_bench_result(jsonl: str, num_prompts: int) -> dict:
+    """Our metrics from ``sglang.bench_serving``'s output file (one JSON object per run).
+
+    ``accept_length`` is the server's running mean (``/server_info``), absent without
+    speculative decoding.
+    """
+    lines = jsonl.strip().splitlines()
+    if not lines:
+        raise ValueError("bench_serving wrote no result")
+    result = json.loads(lines[-1])
+    if result.get("completed") != num_prompts:
+        raise ValueError(
+            f"bench_serving completed {result.get('completed')}/{num_prompts} requests"
+        )
+    metrics = {name: float(result[name]) for name in BENCH_METRICS}
+    accept = result.get("accept_length")
+    metrics["bench_accept_length"] = float(accept) if accept else None
+    return metrics
+
+
+def host_info() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    try:
+        sglang_version = version("sglang")
+    except PackageNotFoundError:
+        sglang_version = None
+    if torch.cuda.is_available():
+        device = f"cuda ({torch.cuda.device_count()}x {torch.cuda.get_device_name(0)})"
+    else:
+        device = "cpu"
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "torch_version": torch.__version__,
+        "sglang_version": sglang_version,
+        "device": device,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fmt(value: float | bool | None, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return format(value, spec)
+
+
+def format_table(runs: list[dict]) -> str:
+    """A fixed-width table; ratios are against the first run (x = run / first)."""
+    header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "greedy="]
+    header += ["x tok/s", "x e2e", "x tpot"]
+    rows, errors = [header], []
+    for run in runs:
+        if "error" in run:
+            errors.append(f"{run['algorithm']}: ERROR {run['error'].splitlines()[0][:120]}")
+            continue
+        ratios = run.get("ratios", {})
+        rows.append(
+            [
+                run["algorithm"],
+                _fmt(run["output_throughput"]),
+                _fmt(run["mean_e2e_latency_ms"], ".1f"),
+                _fmt(run["p99_e2e_latency_ms"], ".1f"),
+                _fmt(run["mean_tpot_ms"]),
+                _fmt(run["mean_accept_length"]),
+                _fmt(run["greedy_equal_baseline"]),
+                *(_fmt(ratios.get(m), ".3f") for m in RATIO_METRICS),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.rjust(w) if i else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+    return "\n".join(lines + errors)

@@ -1,0 +1,304 @@
+"""benchmarks/bench_speculative.py: CLI, algorithm flags, result JSON and ratios (no servers),
+plus one end-to-end run of the public command on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _bench_lib as lib  # noqa: E402
+import bench_speculative as bench  # noqa: E402
+
+RUN_KEYS = {
+    "algorithm",
+    "output_throughput",
+    "mean_e2e_latency_ms",
+    "p99_e2e_latency_ms",
+    "mean_tpot_ms",
+    "mean_accept_length",
+    "greedy_equal_baseline",
+    "ratios",
+}
+HOST_KEYS = {"cpu_count", "cpu_model", "torch_version", "sglang_version", "device"}
+
+
+def fake_run(algorithm: str, throughput: float, ids: list[list[int]], accept=None) -> dict:  # noqa: ANN001
+    return {
+        "algorithm": algorithm,
+        "output_throughput": throughput,
+        "mean_e2e_latency_ms": 1000.0 / throughput,
+        "p99_e2e_latency_ms": 2000.0 / throughput,
+        "mean_tpot_ms": 100.0 / throughput,
+        "mean_accept_length": accept,
+        "greedy_output_ids": ids,
+    }
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def test_parse_args_splits_known_and_pass_through_flags() -> None:
+    args, extra = lib.parse_args(
+        ["--algorithms", "none,standalone", "--num-prompts", "4", "--max-concurrency", "2",
+         "--output-len", "8", "--model-path", "M", "--speculative-draft-model-path", "D",
+         "--dtype", "float32", "--json", "out.json"]
+    )  # fmt: skip
+    assert args.algorithms == ["none", "standalone"]
+    assert (args.num_prompts, args.max_concurrency, args.output_len) == (4, 2, 8)
+    assert args.input_len == 128
+    assert args.json == "out.json"
+    assert extra == [
+        "--model-path",
+        "M",
+        "--speculative-draft-model-path",
+        "D",
+        "--dtype",
+        "float32",
+    ]
+
+
+def test_parse_args_does_not_swallow_abbreviations() -> None:
+    _, extra = lib.parse_args(["--algorithms", "none", "--num", "3"])
+    assert extra == ["--num", "3"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--algorithms", "none,eagle"], "known: none, standalone"),
+        (["--algorithms", "None"], "unknown algorithm(s) None"),
+        (["--algorithms", "none,none"], "twice"),
+        (["--algorithms", ","], "empty"),
+        (["--algorithms", "none", "--port", "30000"], "--port is chosen by the benchmark"),
+        (["--algorithms", "standalone", "--speculative-algorithm=EAGLE"], "set by --algorithms"),
+        (["--algorithms", "none", "--num-prompts", "0"], "--num-prompts must be >= 1"),
+    ],
+)
+def test_bad_command_lines_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(lib.BenchError) as info:
+        lib.parse_args(argv)
+    assert message in str(info.value)
+
+
+def test_unknown_algorithm_fails_before_any_server(monkeypatch, capsys) -> None:  # noqa: ANN001
+    def no_server(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(bench, "ServerProcess", no_server)
+    monkeypatch.setattr(bench, "run_algorithm", no_server)
+    assert bench.main(["--algorithms", "none,standalone,bogus", "--model-path", "M"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "none, standalone" in err
+
+
+# --- algorithm -> server flags ------------------------------------------------------------
+
+
+def test_none_drops_every_speculative_flag_with_its_values() -> None:
+    extra = ["--model-path", "M", "--speculative-draft-model-path", "D", "--dtype", "float32",
+             "--speculative-num-steps=5", "--speculative-token-map", "a", "b", "--enable-x"]  # fmt: skip
+    assert lib.server_flags("none", extra) == [
+        "--model-path",
+        "M",
+        "--dtype",
+        "float32",
+        "--enable-x",
+    ]
+
+
+def test_standalone_adds_algorithm_and_chain_defaults() -> None:
+    flags = lib.server_flags(
+        "standalone", ["--model-path", "M", "--speculative-draft-model-path", "D"]
+    )
+    assert flags == [
+        "--model-path", "M", "--speculative-draft-model-path", "D",
+        "--speculative-algorithm", "STANDALONE",
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4",
+    ]  # fmt: skip
+
+
+def test_user_shape_flags_win_over_defaults() -> None:
+    extra = ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens=6"]
+    flags = lib.server_flags("standalone", extra)
+    assert flags.count("--speculative-eagle-topk") == 1
+    assert sum(f.startswith("--speculative-num-draft-tokens") for f in flags) == 1
+    assert lib.flag_value(flags, "--speculative-eagle-topk") == "2"
+    assert lib.flag_value(flags, "--speculative-num-draft-tokens") == "6"
+    assert lib.flag_value(flags, "--speculative-num-steps") == "3"
+
+
+def test_model_path_for_the_tokenizer() -> None:
+    assert lib.model_path(["--dtype", "float32", "--model-path=/m"]) == "/m"
+    assert lib.model_path(["--model", "/n"]) == "/n"
+    assert lib.model_path([]) is None
+
+
+def test_bench_serving_command_is_offline_and_fixed_length() -> None:
+    args, _ = lib.parse_args(["--algorithms", "none", "--num-prompts", "4", "--output-len", "8"])
+    argv = lib.bench_serving_argv(30001, args, "/m", Path("/tmp/o.jsonl"))
+    assert argv[:3] == [sys.executable, "-m", "sglang.bench_serving"]
+    expected = {"--dataset-name": "random-ids", "--port": "30001", "--random-input-len": "128",
+                "--random-output-len": "8", "--random-range-ratio": "1.0", "--num-prompts": "4",
+                "--max-concurrency": "16", "--tokenizer": "/m", "--output-file": "/tmp/o.jsonl"}  # fmt: skip
+    for flag, value in expected.items():
+        assert lib.flag_value(argv, flag) == value, flag
+    assert not lib.has_flag(lib.bench_serving_argv(1, args, None, Path("o")), "--tokenizer")
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+def test_parse_bench_result_reads_the_last_line() -> None:
+    line = {"completed": 4, "output_throughput": 10, "mean_e2e_latency_ms": 5.0,
+            "p99_e2e_latency_ms": 9.0, "mean_tpot_ms": 2.0, "accept_length": 2.5}  # fmt: skip
+    text = json.dumps({"completed": 0}) + "\n" + json.dumps(line) + "\n"
+    metrics = lib.parse_bench_result(text, num_prompts=4)
+    assert metrics == {"output_throughput": 10.0, "mean_e2e_latency_ms": 5.0,
+                       "p99_e2e_latency_ms": 9.0, "mean_tpot_ms": 2.0,
+                       "bench_accept_length": 2.5}  # fmt: skip
+    assert (
+        lib.parse_bench_result(json.dumps({**line, "accept_length": None}), 4)[
+            "bench_accept_length"
+        ]
+        is None
+    )
+    with pytest.raises(ValueError, match="completed 3/4"):
+        lib.parse_bench_result(json.dumps({**line, "completed": 3}), 4)
+    with pytest.raises(ValueError, match="no result"):
+        lib.parse_bench_result("\n", 4)
+
+
+def test_accept_length_prefers_the_benchmark_and_falls_back_to_greedy() -> None:
+    assert lib.pick_accept_length(2.5, 3.0) == {
+        "mean_accept_length": 2.5,
+        "accept_length_source": "bench_serving",
+    }
+    assert lib.pick_accept_length(None, 3.0)["mean_accept_length"] == 3.0
+    assert lib.pick_accept_length(None, None)["mean_accept_length"] is None
+
+
+def test_assemble_greedy_equality_and_ratios() -> None:
+    ids = [[1, 2, 3], [4, 5, 6]]
+    runs = [fake_run("none", 10.0, ids), fake_run("standalone", 25.0, ids, 3.2)]
+    runs.append(fake_run("other", 5.0, [[1, 2, 3], [4, 5, 7]]))
+    result = lib_assemble(["none", "standalone", "other"], runs)
+    none, standalone, other = result["runs"]
+    assert none["greedy_equal_baseline"] is None
+    assert standalone["greedy_equal_baseline"] is True
+    assert other["greedy_equal_baseline"] is False
+    assert none["ratios"] == {"output_throughput": 1.0, "mean_e2e_latency_ms": 1.0,
+                              "mean_tpot_ms": 1.0}  # fmt: skip
+    assert standalone["ratios"]["output_throughput"] == pytest.approx(2.5)
+    assert standalone["ratios"]["mean_e2e_latency_ms"] == pytest.approx(0.4)
+    assert standalone["ratios"]["mean_tpot_ms"] == pytest.approx(0.4)
+    for run in result["runs"]:
+        assert RUN_KEYS <= run.keys()
+        assert "greedy_output_ids" not in run
+    json.dumps(result)
+
+
+def test_no_greedy_verdict_against_a_speculative_reference() -> None:
+    ids = [[1, 2]]
+    runs = [fake_run("standalone", 10.0, ids, 2.0), fake_run("none", 5.0, ids)]
+    result = lib_assemble(["standalone", "none"], runs)
+    assert [r["greedy_equal_baseline"] for r in result["runs"]] == [None, None]
+    assert result["runs"][1]["ratios"]["output_throughput"] == pytest.approx(0.5)
+
+
+def test_failed_runs_keep_their_error_and_get_no_ratios() -> None:
+    runs = [
+        {"algorithm": "none", "error": "RuntimeError: boom"},
+        fake_run("standalone", 4.0, [[1]]),
+    ]
+    result = lib_assemble(["none", "standalone"], runs)
+    failed, ok = result["runs"]
+    assert failed == {"algorithm": "none", "error": "RuntimeError: boom"}
+    assert ok["greedy_equal_baseline"] is None
+    assert ok["ratios"] == dict.fromkeys(lib.RATIO_METRICS)
+    table = lib.format_table(result["runs"])
+    assert "none: ERROR RuntimeError: boom" in table and "standalone" in table
+
+
+def test_table_shows_values_and_ratios() -> None:
+    ids = [[1]]
+    runs = [fake_run("none", 10.0, ids), fake_run("standalone", 20.0, ids, 3.5)]
+    table = lib.format_table(lib_assemble(["none", "standalone"], runs)["runs"])
+    header, none, standalone = table.splitlines()
+    assert header.split()[:2] == ["algorithm", "out"]
+    assert none.split() == [
+        "none",
+        "10.00",
+        "100.0",
+        "200.0",
+        "10.00",
+        "-",
+        "-",
+        "1.000",
+        "1.000",
+        "1.000",
+    ]
+    assert standalone.split()[-5:] == ["3.50", "yes", "2.000", "0.500", "0.500"]
+
+
+def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    fakes = {
+        "none": fake_run("none", 10.0, [[1]]),
+        "standalone": {"algorithm": "standalone", "error": "x"},
+    }
+    monkeypatch.setattr(bench, "run_algorithm", lambda i, name, *_: dict(fakes[name]))
+    monkeypatch.setattr(bench, "host_info", lambda: dict.fromkeys(HOST_KEYS, "h"))
+    out = tmp_path / "out.json"
+    argv = ["--algorithms", "none,standalone", "--json", str(out), "--log-dir", str(tmp_path)]
+    assert bench.main(argv) == 1
+    result = json.loads(out.read_text())
+    assert "--algorithms none,standalone" in result["command"]
+    assert [r["algorithm"] for r in result["runs"]] == ["none", "standalone"]
+    fakes["standalone"] = fake_run("standalone", 20.0, [[1]], 2.0)
+    assert bench.main(argv) == 0
+
+
+def lib_assemble(algorithms: list[str], runs: list[dict]) -> dict:
+    return lib.assemble("cmd", {}, algorithms, runs)
+
+
+# --- end to end ---------------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "out.json"
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "bench_speculative.py"),
+        "--algorithms", "none,standalone", "--num-prompts", "4", "--max-concurrency", "2",
+        "--output-len", "8", "--input-len", "16", "--json", str(out),
+        "--log-dir", str(tmp_path / "logs"), "--timeout", "420",
+        "--model-path", str(tiny_models["target"]),
+        "--speculative-draft-model-path", str(tiny_models["draft"]),
+        "--dtype", "float32", "--mem-fraction-static", "0.05", "--max-total-tokens", "16384",
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(result) >= {"command", "host", "runs"}
+    assert HOST_KEYS <= result["host"].keys()
+    none, standalone = result["runs"]
+    assert (none["algorithm"], standalone["algorithm"]) == ("none", "standalone")
+    for run in (none, standalone):
+        assert RUN_KEYS <= run.keys(), run
+        assert run["output_throughput"] > 0
+        assert run["mean_e2e_latency_ms"] > 0 and run["mean_tpot_ms"] > 0
+    assert none["mean_accept_length"] is None
+    assert none["greedy_equal_baseline"] is None
+    assert standalone["mean_accept_length"] >= 1.0
+    assert standalone["greedy_equal_baseline"] is True
+    assert none["ratios"]["output_throughput"] == 1.0
+    assert "standalone" in proc.stdout and "x tok/s" in proc.stdout

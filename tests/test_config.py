@@ -63,3 +63,49 @@ def test_launcher_rejects_bad_flag_with_clear_message() -> None:
     )
     assert proc.returncode != 0
     assert "--sgl-spec-cpu-defaults" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_model_defaults_fill_only_what_is_missing() -> None:
+    from sgl_spec.model_defaults import flag_value, prepare_model_args
+    from sgl_spec.models.registry import resolve_model_path
+
+    argv = prepare_model_args([])
+    assert flag_value(argv, "--model-path") == resolve_model_path("sgl-spec/tiny-code")
+    assert flag_value(argv, "--speculative-algorithm") == "STANDALONE"
+    assert flag_value(argv, "--speculative-draft-model-path") == resolve_model_path(
+        "sgl-spec/tiny-code-draft"
+    )
+    assert flag_value(argv, "--speculative-num-draft-tokens") == "4"
+    user = prepare_model_args(
+        [
+            "--model-path=sgl-spec/tiny-code",
+            "--speculative-algorithm",
+            "STANDALONE",
+            "--speculative-num-steps",
+            "5",
+        ]
+    )
+    assert flag_value(user, "--speculative-num-steps") == "5"
+    assert flag_value(user, "--model-path") == resolve_model_path("sgl-spec/tiny-code")
+    plain = prepare_model_args(["--model-path", "sgl-spec/tiny-code"])
+    assert flag_value(plain, "--speculative-algorithm") is None
+
+
+def test_bad_model_path_names_the_flag(tmp_path) -> None:  # noqa: ANN001
+    from sgl_spec.model_defaults import prepare_model_args
+
+    with pytest.raises(ConfigError, match="--speculative-draft-model-path"):
+        prepare_model_args(
+            [
+                "--model-path",
+                str(tmp_path),
+                "--speculative-draft-model-path",
+                str(tmp_path / "missing"),
+            ]
+        )
+    with pytest.raises(ConfigError, match="--model-path.*known names"):
+        prepare_model_args(["--model-path", "sgl-spec/nope"])
+    with pytest.raises(ConfigError, match="--model-path"):
+        prepare_model_args(["--model-path", "./no/such/dir"])
+    hub = prepare_model_args(["--model-path", "Qwen/Qwen3-8B"])  # left to SGLang / the hub
+    assert "Qwen/Qwen3-8B" in hub

@@ -172,3 +172,40 @@ def test_harness_rejects_biased_sampler(tiny_models, law, bias: str) -> None:  #
         sample_temperature=0.8 if bias == "tempered" else None,
     )
     assert chi_square_gof(pairs, law).p_value < ALPHA
+
+
+def test_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: ANN001
+    """The speculative server is still SGLang: OpenAI API, frontend programs, 4xx on bad input."""
+    import requests
+    import sglang as sgl
+
+    server = servers("chain")
+    model = requests.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    comp = requests.post(
+        server.url + "/v1/completions",
+        json={"model": model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0},
+        timeout=120,
+    )
+    assert comp.status_code == 200 and comp.json()["usage"]["completion_tokens"] == 8
+    chat = requests.post(
+        server.url + "/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=120,
+    )
+    assert chat.status_code == 200, chat.text
+
+    @sgl.function
+    def complete(s, prompt: str) -> None:  # noqa: ANN001
+        s += prompt + sgl.gen("out", max_tokens=8, temperature=0)
+
+    state = complete.run(prompt=PROMPTS[1], backend=sgl.RuntimeEndpoint(server.url))
+    assert isinstance(state["out"], str) and state["out"]
+
+    bad = requests.post(
+        server.url + "/generate",
+        json={"text": "x", "sampling_params": {"temperature": -1.0, "max_new_tokens": 4}},
+        timeout=60,
+    )
+    assert 400 <= bad.status_code < 500
+    ok = server.generate({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+    assert len(ok["output_ids"]) == 4

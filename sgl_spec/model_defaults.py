@@ -1,0 +1,93 @@
+"""Fills in model paths and speculative settings for the models shipped with sgl-spec.
+
+Runs on the launcher's argv before SGLang parses it, so SGLang only ever sees real directories:
+registry names (``sgl-spec/tiny-code``) are resolved, bad paths are refused naming the flag, and
+with no ``--model-path`` the shipped target is served with speculative decoding on. Any flag the
+user gives wins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sgl_spec.config import ConfigError
+
+PATH_FLAGS = ("--model-path", "--speculative-draft-model-path", "--tokenizer-path")
+DEFAULT_ALGORITHM = "STANDALONE"
+# Measured on the shipped models (benchmarks/RESULTS.md); a chain of 3 drafts.
+STANDALONE_DEFAULTS = {
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == name and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if arg.startswith(name + "="):
+            out[i] = f"{name}={value}"
+            return out
+    return out + [name, value]
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """``org/name`` with no local-path markers: left for SGLang to fetch (GPU hosts online)."""
+    from sgl_spec.models.registry import NAMESPACE
+
+    return (
+        not value.startswith(("/", ".", "~", NAMESPACE))
+        and value.count("/") == 1
+        and not Path(value).exists()
+    )
+
+
+def resolve_paths(argv: list[str]) -> list[str]:
+    """Registry names -> shipped dirs; a missing local path is refused with the flag's name;
+    hub ids pass through untouched."""
+    from sgl_spec.models.registry import resolve_model_path
+
+    for flag in PATH_FLAGS:
+        value = flag_value(argv, flag)
+        if value is None or looks_like_hub_id(value):
+            continue
+        try:
+            argv = set_flag_value(argv, flag, resolve_model_path(value))
+        except ValueError as exc:
+            raise ConfigError(f"{flag}: {exc}") from exc
+    return argv
+
+
+def fill_shipped_defaults(argv: list[str]) -> list[str]:
+    """No --model-path: the shipped target with STANDALONE. A shipped target with STANDALONE and
+    no draft: the shipped draft. Step/width defaults only where the user gave none."""
+    from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped
+
+    if flag_value(argv, "--model-path") is None:
+        argv = argv + ["--model-path", DEFAULT_TARGET]
+        if flag_value(argv, "--speculative-algorithm") is None:
+            argv += ["--speculative-algorithm", DEFAULT_ALGORITHM]
+    algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
+    if algorithm == "STANDALONE" and is_shipped(flag_value(argv, "--model-path") or ""):
+        if flag_value(argv, "--speculative-draft-model-path") is None:
+            argv += ["--speculative-draft-model-path", DEFAULT_DRAFT]
+        for flag, value in STANDALONE_DEFAULTS.items():
+            if flag_value(argv, flag) is None:
+                argv += [flag, value]
+    return argv
+
+
+def prepare_model_args(argv: list[str]) -> list[str]:
+    return resolve_paths(fill_shipped_defaults(argv))

@@ -19,8 +19,6 @@ import json
 import os
 import random
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +27,6 @@ from pathlib import Path
 
 import requests
 from _bench_lib import (
-    HOST,
     BenchError,
     assemble,
     bench_serving_argv,
@@ -42,6 +39,8 @@ from _bench_lib import (
     pick_accept_length,
     server_flags,
 )
+
+from sgl_spec.server_process import ServerProcess, pick_port, tail
 
 NUM_GREEDY_PROMPTS = 8
 MAX_GREEDY_NEW_TOKENS = 64
@@ -59,75 +58,6 @@ def greedy_prompts(input_len: int) -> list[list[int]]:
         [rng.randrange(*GREEDY_TOKEN_RANGE) for _ in range(length)]
         for _ in range(NUM_GREEDY_PROMPTS)
     ]
-
-
-def pick_port(start: int) -> int:
-    for port in range(start, start + 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in [{start}, {start + 200})")
-
-
-def tail(path: Path, num_lines: int = 30, line_width: int = 300) -> str:
-    """The end of a log, each line cut short (SGLang logs its whole ServerArgs on one line)."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()[-num_lines:]
-    except OSError:
-        return ""
-    return "\n".join(line[:line_width] for line in lines)
-
-
-class ServerProcess:
-    """``python -m sgl_spec.launch_server`` in its own process group, so stop() ends all of
-    SGLang's children (scheduler, detokenizer) too."""
-
-    def __init__(self, flags: list[str], port: int, log_path: Path) -> None:
-        self.url = f"http://{HOST}:{port}"
-        self.log_path = log_path
-        launcher = [sys.executable, "-m", "sgl_spec.launch_server"]
-        self.cmd = [*launcher, "--host", HOST, "--port", str(port), *flags]
-        self._log = open(log_path, "w")  # noqa: SIM115
-        self._log.write(shlex.join(self.cmd) + "\n")
-        self._log.flush()
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited during start-up (log {self.log_path})")
-            try:
-                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(2)
-        raise TimeoutError(f"server not ready in {timeout:.0f}s (log {self.log_path})")
-
-    def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self.proc.poll() is not None:
-                break
-            os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # children that outlived the launcher (scheduler, detokenizer)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._log.close()
 
 
 def run_bench_serving(port: int, args: argparse.Namespace, model: str | None, work: Path) -> dict:

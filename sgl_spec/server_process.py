@@ -1,0 +1,94 @@
+"""Run ``python -m sgl_spec.launch_server`` as a child process (benchmarks, end-to-end tests).
+
+The server gets its own process group so ``stop()`` also ends SGLang's scheduler and
+detokenizer children, and only those: never stop servers by name, other sessions run theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+HOST = "127.0.0.1"
+
+
+def pick_port(start: int = 0) -> int:
+    """A free local port: the first at or above ``start``, or any when ``start`` is 0."""
+    candidates = [0] if start == 0 else range(start, start + 200)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port in [{start}, {start + 200})")
+
+
+def tail(path: Path, num_lines: int = 30, line_width: int = 300) -> str:
+    """The end of a log, each line cut short (SGLang logs its whole ServerArgs on one line)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-num_lines:]
+    except OSError:
+        return ""
+    return "\n".join(line[:line_width] for line in lines)
+
+
+class ServerProcess:
+    def __init__(self, flags: list[str], port: int, log_path: Path) -> None:
+        self.port = port
+        self.url = f"http://{HOST}:{port}"
+        self.log_path = log_path
+        launcher = [sys.executable, "-m", "sgl_spec.launch_server"]
+        self.cmd = [*launcher, "--host", HOST, "--port", str(port), *flags]
+        self._log = open(log_path, "w")  # noqa: SIM115
+        self._log.write(shlex.join(self.cmd) + "\n")
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited during start-up with code {self.proc.returncode}"
+                    f" (log {self.log_path}):\n{tail(self.log_path)}"
+                )
+            try:
+                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise TimeoutError(
+            f"server not ready in {timeout:.0f}s (log {self.log_path}):\n{tail(self.log_path)}"
+        )
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # children that outlived the launcher (scheduler, detokenizer)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()

@@ -1,0 +1,44 @@
+"""`python -m sgl_spec.launch_server` with no model flags serves the shipped target with
+speculative decoding (shipped draft) and continues held-out code plausibly."""
+
+from __future__ import annotations
+
+import pytest
+from server_utils import Server
+
+HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):  # noqa: ANN001, ANN201
+    server = Server([], tmp_path_factory.mktemp("logs") / "default.log")
+    yield server
+    server.stop()
+
+
+def test_default_server_speculates_on_shipped_models(default_server) -> None:  # noqa: ANN001
+    out = default_server.generate(
+        {"text": HELD_OUT_PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
+    )
+    meta = out["meta_info"]
+    assert meta["spec_verify_ct"] > 0
+    assert meta["spec_accept_length"] >= 1.8, meta
+    text = out["text"]
+    assert len(set(out["output_ids"])) > 5, text  # not a degenerate repetition
+    assert any(ch.isalpha() for ch in text)
+
+
+def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
+    import requests
+
+    resp = requests.post(
+        default_server.url + "/v1/chat/completions",
+        json={
+            "model": "default",
+            "messages": [{"role": "user", "content": "print hello"}],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text

@@ -24,8 +24,16 @@ def ensure_boot_hook() -> Path:
     """Write the .pth file if it is missing or stale; return its path."""
     path = pth_path()
     if not path.exists() or path.read_text() != PTH_LINE:
-        path.write_text(PTH_LINE)
-        logger.warning("sgl_spec: installed start-up hook %s", path)
+        try:
+            path.write_text(PTH_LINE)
+            logger.warning("sgl_spec: installed start-up hook %s", path)
+        except OSError as exc:  # read-only site-packages: spawned processes will lack the hook
+            logger.warning(
+                "sgl_spec: cannot write %s (%s); run `python -m sgl_spec.cpu_kernels.install`"
+                " with write access, or CPU-only hosts cannot import sgl_kernel",
+                path,
+                exc,
+            )
     import sgl_spec.cpu_kernels.boot  # noqa: F401  (this process, if started before the hook)
 
     return path

@@ -83,6 +83,10 @@ def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
                 "tree": _spec_args(t, d, TREE),
                 "chain_identity": _spec_args(t, t, CHAIN),
                 "tree_identity": _spec_args(t, t, TREE),
+                "chain_unpatched": [
+                    *_spec_args(t, d, CHAIN),
+                    "--sgl-spec-no-cpu-lossless-sampling",
+                ],
             }[name]
             started[name] = Server(args, logs / f"{name}.log")
         return started[name]
@@ -151,6 +155,13 @@ def test_sampling_matches_target_distribution(servers, law, shape: str) -> None:
     result = chi_square_gof(_sample_pairs(servers(shape)), law)
     assert result.num_cells >= 10, "law too peaked for a meaningful test"
     assert result.p_value > ALPHA, result
+
+
+def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001
+    """Evidence for patch ``cpu_spec_sampling``: without it, SGLang 0.5.23's CPU verify commits
+    argmax tokens at temperature 1 and the same test rejects its output decisively."""
+    result = chi_square_gof(_sample_pairs(servers("chain_unpatched")), law)
+    assert result.p_value < ALPHA, result
 
 
 def test_harness_accepts_exact_sampler(tiny_models, law) -> None:  # noqa: ANN001

@@ -1,8 +1,8 @@
 """Upstream behaviour changes that subclassing and the registration API cannot express.
 
 One module per upstream target; each names the SGLang function it changes in ``TARGET``,
-checks that the pinned SGLang still has the shape it expects (``check()``) and applies itself
-(``apply()``). ``tests/test_patches.py`` runs every ``check()`` so an upstream change fails
+says whether our config wants it (``enabled(config)``), checks that the pinned SGLang still has
+the shape it expects (``check()``) and applies itself (``apply()``). ``tests/test_patches.py`` runs every ``check()`` so an upstream change fails
 loudly instead of silently disabling a fix.
 """
 
@@ -24,11 +24,8 @@ def all_patches() -> list:
 def apply_patches(config: SpecConfig) -> list[str]:
     applied: list[str] = []
     for patch in all_patches():
-        name = patch.__name__.rsplit(".", 1)[-1]
-        if name == "cpu_spec_sampling" and not config.cpu_lossless_sampling:
-            continue
-        if patch.apply():
-            applied.append(name)
+        if patch.enabled(config) and patch.apply():
+            applied.append(patch.__name__.rsplit(".", 1)[-1])
     if applied:
         logger.info("sgl_spec: applied patches %s", ", ".join(applied))
     return applied

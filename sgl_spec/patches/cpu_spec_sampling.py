@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
+from sgl_spec.config import SpecConfig
+
 TARGET = "sglang.srt.speculative.eagle_utils"
 _NAMES = (
     "_verify_uses_greedy",
@@ -22,6 +24,10 @@ _NAMES = (
     "top_p_renorm_prob",
     "_is_cpu",
 )
+
+
+def enabled(config: SpecConfig) -> bool:
+    return config.cpu_lossless_sampling
 
 
 def _module() -> ModuleType:

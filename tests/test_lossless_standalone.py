@@ -69,65 +69,59 @@ def _spec_args(target: Path, draft: Path, shape: list[str]) -> list[str]:
     ]
 
 
+class OneServer:
+    """Starts servers by name, keeping at most one alive: an idle SGLang scheduler busy-polls a
+    core, so servers left running slow every later test on a 2-core host. Tests below are
+    grouped by server so each starts once."""
+
+    def __init__(self, tiny_models: dict[str, Path], logs: Path) -> None:
+        t, d = tiny_models["target"], tiny_models["draft"]
+        self.args = {
+            "baseline": ["--model-path", str(t)],
+            "chain": _spec_args(t, d, CHAIN),
+            "tree": _spec_args(t, d, TREE),
+            "chain_identity": _spec_args(t, t, CHAIN),
+            "tree_identity": _spec_args(t, t, TREE),
+            "chain_unpatched": [*_spec_args(t, d, CHAIN), "--sgl-spec-no-cpu-lossless-sampling"],
+        }
+        self.logs = logs
+        self.name: str | None = None
+        self.server: Server | None = None
+
+    def __call__(self, name: str) -> Server:
+        if name != self.name:
+            self.close()
+            self.server = Server(self.args[name], self.logs / f"{name}.log")
+            self.name = name
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server, self.name = None, None
+
+
 @pytest.fixture(scope="module")
 def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
-    started: dict[str, Server] = {}
-    logs = tmp_path_factory.mktemp("logs")
-
-    def get(name: str) -> Server:
-        if name not in started:
-            t, d = tiny_models["target"], tiny_models["draft"]
-            args = {
-                "baseline": ["--model-path", str(t)],
-                "chain": _spec_args(t, d, CHAIN),
-                "tree": _spec_args(t, d, TREE),
-                "chain_identity": _spec_args(t, t, CHAIN),
-                "tree_identity": _spec_args(t, t, TREE),
-                "chain_unpatched": [
-                    *_spec_args(t, d, CHAIN),
-                    "--sgl-spec-no-cpu-lossless-sampling",
-                ],
-            }[name]
-            started[name] = Server(args, logs / f"{name}.log")
-        return started[name]
-
-    yield get
-    for server in started.values():
-        server.stop()
+    pool = OneServer(tiny_models, tmp_path_factory.mktemp("logs"))
+    yield pool
+    pool.close()
 
 
-def _greedy(server: Server, prompts: list[str] = PROMPTS) -> tuple[list, list]:
+def _greedy(server: Server, prompts: list[str]) -> tuple[list, list]:
     out = server.generate(
         {"text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
     )
     return [o["output_ids"] for o in out], [o["meta_info"] for o in out]
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_greedy_equals_baseline(servers, shape: str) -> None:  # noqa: ANN001
-    expected, _ = _greedy(servers("baseline"))
-    got, meta = _greedy(servers(shape))
-    assert got == expected
-    assert all(m["spec_verify_ct"] > 0 for m in meta)
-    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
-    assert accept > 1.0, "the draft never got a token accepted: speculation is not running"
-
-
-@pytest.mark.parametrize("shape", ["chain_identity", "tree_identity"])
-def test_identical_draft_accepts_almost_everything(servers, shape: str) -> None:  # noqa: ANN001
-    """Draft == target accepts nearly every draft (max 4 tokens per verify).
-
-    Not exactly 4: SGLang's STANDALONE feeds the draft the EAGLE-shifted sequence (draft KV slot
-    i holds token i+1, so the draft never sees the first token). On short prompts that changes a
-    random tiny model's argmax often (measured: 2.2-3.7 at 20 chars); on long prompts the first
-    token's influence is diluted, hence the long prompts here.
-    """
-    prompts = _long_prompts()
-    expected, _ = _greedy(servers("baseline"), prompts)
-    got, meta = _greedy(servers(shape), prompts)
-    assert got == expected
-    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
-    assert accept >= 3.5, accept
+@pytest.fixture(scope="module")
+def baseline(servers) -> dict[str, list]:  # noqa: ANN001
+    """Greedy outputs of the non-speculative server, computed once."""
+    server = servers("baseline")
+    outputs = {"short": _greedy(server, PROMPTS)[0], "long": _greedy(server, _long_prompts())[0]}
+    servers.close()
+    return outputs
 
 
 def _sample_pairs(server: Server) -> list[tuple[int, int]]:
@@ -150,42 +144,43 @@ def law(tiny_models) -> dict:  # noqa: ANN001
     return joint_two_token_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES)
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_sampling_matches_target_distribution(servers, law, shape: str) -> None:  # noqa: ANN001
-    result = chi_square_gof(_sample_pairs(servers(shape)), law)
+def _check_greedy(servers, baseline, name: str) -> None:  # noqa: ANN001
+    got, meta = _greedy(servers(name), PROMPTS)
+    assert got == baseline["short"]
+    assert all(m["spec_verify_ct"] > 0 for m in meta)
+    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
+    assert accept > 1.0, "the draft never got a token accepted: speculation is not running"
+
+
+def _check_sampling(servers, law, name: str) -> None:  # noqa: ANN001
+    result = chi_square_gof(_sample_pairs(servers(name)), law)
     assert result.num_cells >= 10, "law too peaked for a meaningful test"
     assert result.p_value > ALPHA, result
 
 
-def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001
-    """Evidence for patch ``cpu_spec_sampling``: without it, SGLang 0.5.23's CPU verify commits
-    argmax tokens at temperature 1 and the same test rejects its output decisively."""
-    result = chi_square_gof(_sample_pairs(servers("chain_unpatched")), law)
-    assert result.p_value < ALPHA, result
+def _check_identity(servers, baseline, name: str) -> None:  # noqa: ANN001
+    """Draft == target accepts nearly every draft (max 4 tokens per verify).
+
+    Not exactly 4: SGLang's STANDALONE feeds the draft the EAGLE-shifted sequence (draft KV slot
+    i holds token i+1, so the draft never sees the first token). On short prompts that changes a
+    random tiny model's argmax often (measured: 2.2-3.7 at 20 chars); on long prompts the first
+    token's influence is diluted, hence the long prompts here.
+    """
+    got, meta = _greedy(servers(name), _long_prompts())
+    assert got == baseline["long"]
+    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
+    assert accept >= 3.5, accept
 
 
-def test_harness_accepts_exact_sampler(tiny_models, law) -> None:  # noqa: ANN001
-    pairs = sample_pairs_from_law(
-        tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, seed=7
-    )
-    assert chi_square_gof(pairs, law).p_value > ALPHA
+def test_chain_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
+    _check_greedy(servers, baseline, "chain")
 
 
-@pytest.mark.parametrize("bias", ["greedy_second", "tempered"])
-def test_harness_rejects_biased_sampler(tiny_models, law, bias: str) -> None:  # noqa: ANN001
-    pairs = sample_pairs_from_law(
-        tiny_models["target"],
-        SAMPLING_PROMPT_IDS,
-        TEMPERATURE,
-        NUM_SAMPLES,
-        seed=8,
-        greedy_second=bias == "greedy_second",
-        sample_temperature=0.8 if bias == "tempered" else None,
-    )
-    assert chi_square_gof(pairs, law).p_value < ALPHA
+def test_chain_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
+    _check_sampling(servers, law, "chain")
 
 
-def test_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: ANN001
+def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: ANN001
     """The speculative server is still SGLang: OpenAI API, frontend programs, 4xx on bad input."""
     import requests
     import sglang as sgl
@@ -220,3 +215,47 @@ def test_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: ANN001
     assert 400 <= bad.status_code < 500
     ok = server.generate({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
     assert len(ok["output_ids"]) == 4
+
+
+def test_tree_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
+    _check_greedy(servers, baseline, "tree")
+
+
+def test_tree_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
+    _check_sampling(servers, law, "tree")
+
+
+def test_chain_identical_draft_accepts_almost_everything(servers, baseline) -> None:  # noqa: ANN001
+    _check_identity(servers, baseline, "chain_identity")
+
+
+def test_tree_identical_draft_accepts_almost_everything(servers, baseline) -> None:  # noqa: ANN001
+    _check_identity(servers, baseline, "tree_identity")
+
+
+def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001
+    """Evidence for patch ``cpu_spec_sampling``: without it, SGLang 0.5.23's CPU verify commits
+    argmax tokens at temperature 1 and the same test rejects its output decisively."""
+    result = chi_square_gof(_sample_pairs(servers("chain_unpatched")), law)
+    assert result.p_value < ALPHA, result
+
+
+def test_harness_accepts_exact_sampler(tiny_models, law) -> None:  # noqa: ANN001
+    pairs = sample_pairs_from_law(
+        tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, seed=7
+    )
+    assert chi_square_gof(pairs, law).p_value > ALPHA
+
+
+@pytest.mark.parametrize("bias", ["greedy_second", "tempered"])
+def test_harness_rejects_biased_sampler(tiny_models, law, bias: str) -> None:  # noqa: ANN001
+    pairs = sample_pairs_from_law(
+        tiny_models["target"],
+        SAMPLING_PROMPT_IDS,
+        TEMPERATURE,
+        NUM_SAMPLES,
+        seed=8,
+        greedy_second=bias == "greedy_second",
+        sample_temperature=0.8 if bias == "tempered" else None,
+    )
+    assert chi_square_gof(pairs, law).p_value < ALPHA

@@ -103,8 +103,6 @@ def _storage_dtype(name: str) -> torch.dtype:
 
 def cmd_target(args: argparse.Namespace) -> None:
     """Train the target from scratch on the corpus with the next-token loss."""
-    from sgl_spec.models.export import save_model_dir
-
     tok, stream = _streams(args.work)
     ids = tokenizer.special_token_ids(tok)
     model = specs.build_model(specs.PRESETS[args.preset], len(tok), tok.eos_token_id, args.seed)
@@ -116,6 +114,15 @@ def cmd_target(args: argparse.Namespace) -> None:
     t0 = time.time()
     losses = train(model, stream, cfg, lm_loss, ckpt, args.resume, stop_after=args.stop_after)
     wall = _checkpoint_wall_s(ckpt, time.time() - t0)
+    _export(model, args, ids)
+    _write_training_log(args.out, "target", cfg, losses, wall, args, {"preset": args.preset})
+    print(f"target saved to {args.out} ({wall:.0f}s of training)")
+
+
+def _export(model: torch.nn.Module, args: argparse.Namespace, ids: dict) -> None:
+    """Write ``model`` as an HF model dir with the shared tokenizer (target and draft alike)."""
+    from sgl_spec.models.export import save_model_dir
+
     save_model_dir(
         model,
         args.out,
@@ -123,8 +130,6 @@ def cmd_target(args: argparse.Namespace) -> None:
         _storage_dtype(args.storage_dtype),
         [ids[tokenizer.IM_END]],
     )
-    _write_training_log(args.out, "target", cfg, losses, wall, args, {"preset": args.preset})
-    print(f"target saved to {args.out} ({wall:.0f}s of training)")
 
 
 def init_draft_from_target(draft: torch.nn.Module, target: torch.nn.Module) -> None:
@@ -145,7 +150,7 @@ def init_draft_from_target(draft: torch.nn.Module, target: torch.nn.Module) -> N
 
 def cmd_draft(args: argparse.Namespace) -> None:
     """Distil the draft from the target's logits on the corpus."""
-    from sgl_spec.models.export import load_model_dir, save_model_dir
+    from sgl_spec.models.export import load_model_dir
 
     tok, stream = _streams(args.work)
     ids = tokenizer.special_token_ids(tok)
@@ -162,13 +167,7 @@ def cmd_draft(args: argparse.Namespace) -> None:
         model, stream, cfg, distill_loss(target), ckpt, args.resume, stop_after=args.stop_after
     )
     wall = _checkpoint_wall_s(ckpt, time.time() - t0)
-    save_model_dir(
-        model,
-        args.out,
-        args.work / "tokenizer",
-        _storage_dtype(args.storage_dtype),
-        [ids[tokenizer.IM_END]],
-    )
+    _export(model, args, ids)
     _write_training_log(
         args.out,
         "draft",

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sgl_spec.argv import flag_value, has_flag
+
 # Metrics read from ``sglang.bench_serving``'s output file, and the ones given as ratios.
 BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms", "mean_tpot_ms")
 RATIO_METRICS = ("output_throughput", "mean_e2e_latency_ms", "mean_tpot_ms")
@@ -53,21 +55,6 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 class BenchError(ValueError):
     """A bad command line, reported before any server starts."""
-
-
-def has_flag(argv: list[str], name: str) -> bool:
-    return any(arg == name or arg.startswith(name + "=") for arg in argv)
-
-
-def flag_value(argv: list[str], name: str) -> str | None:
-    """Last value of ``name`` in ``argv`` (``--name v`` or ``--name=v``), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def drop_flags(argv: list[str], prefix: str) -> list[str]:

@@ -12,14 +12,11 @@ import logging
 import os
 import sys
 
+from sgl_spec.argv import has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
 from sgl_spec.model_defaults import prepare_model_args
 
 logger = logging.getLogger("sgl_spec.launch_server")
-
-
-def has_flag(argv: list[str], *names: str) -> bool:
-    return any(arg == n or arg.startswith(n + "=") for arg in argv for n in names)
 
 
 def is_cpu_host() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sgl_spec.argv import flag_value, set_flag_value
 from sgl_spec.config import ConfigError
 
 PATH_FLAGS = ("--model-path", "--speculative-draft-model-path", "--tokenizer-path")
@@ -20,27 +21,6 @@ STANDALONE_DEFAULTS = {
     "--speculative-eagle-topk": "1",
     "--speculative-num-draft-tokens": "4",
 }
-
-
-def flag_value(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == name and i + 1 < len(out):
-            out[i + 1] = value
-            return out
-        if arg.startswith(name + "="):
-            out[i] = f"{name}={value}"
-            return out
-    return out + [name, value]
 
 
 def looks_like_hub_id(value: str) -> bool:

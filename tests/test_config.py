@@ -109,3 +109,21 @@ def test_bad_model_path_names_the_flag(tmp_path) -> None:  # noqa: ANN001
         prepare_model_args(["--model-path", "./no/such/dir"])
     hub = prepare_model_args(["--model-path", "Qwen/Qwen3-8B"])  # left to SGLang / the hub
     assert "Qwen/Qwen3-8B" in hub
+
+
+def test_argv_helpers_follow_argparse_last_wins() -> None:
+    from sgl_spec.argv import flag_value, has_flag, set_flag_value
+
+    argv = ["--port", "1", "--model-path=a", "--port", "2", "--flag"]
+    assert flag_value(argv, "--port") == "2" and flag_value(argv, "--model-path") == "a"
+    assert flag_value(argv, "--flag") is None and has_flag(argv, "--flag")
+    assert set_flag_value(argv, "--port", "3") == [
+        "--port",
+        "1",
+        "--model-path=a",
+        "--port",
+        "3",
+        "--flag",
+    ]
+    assert set_flag_value(argv, "--model-path", "b")[2] == "--model-path=b"
+    assert set_flag_value([], "--x", "1") == ["--x", "1"]

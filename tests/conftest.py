@@ -17,3 +17,26 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     target = build_llama(root / "target", seed=0, num_layers=2)
     draft = perturbed_copy(target, root / "draft", seed=1, noise=0.5)
     return {"target": target, "draft": draft}
+
+
+@pytest.fixture(scope="session")
+def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:  # noqa: ANN001
+    """Greedy token ids of the non-speculative server on the tiny target, computed once per
+    session (short and long prompts; max 48 new tokens), then the server is stopped."""
+    from lossless import LONG_PROMPTS, PROMPTS
+    from server_utils import Server
+
+    server = Server(
+        ["--model-path", str(tiny_models["target"])],
+        tmp_path_factory.mktemp("baseline") / "baseline.log",
+    )
+    try:
+        outputs = {}
+        for name, prompts in (("short", PROMPTS), ("long", LONG_PROMPTS)):
+            out = server.generate(
+                {"text": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+            )
+            outputs[name] = [o["output_ids"] for o in out]
+    finally:
+        server.stop()
+    return outputs

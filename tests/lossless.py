@@ -4,7 +4,11 @@ goodness-of-fit test on the joint distribution of completion tokens 1 and 2.
 Token 2 of a speculative completion is produced by the first draft/verify step (token 1 comes
 from the prefill), so its distribution is what a wrong acceptance rule would distort. We test
 the joint law p(t1) * p(t2 | t1) against the counts of (t1, t2) pairs; cells with expected count
-below ``MIN_EXPECTED`` are pooled into one "rest" cell so the chi-square approximation holds.
+below ``MIN_EXPECTED`` are pooled into one "rest" cell. The p-value is not read off the
+chi-square distribution (an approximation whose tail is least reliable exactly where the test
+decides, with many cells of small expected count); it is computed by simulating ``NULL_DRAWS``
+multinomial samples of the same size from the law itself, so alpha is the real false-positive
+rate up to the simulation's resolution.
 """
 
 from __future__ import annotations
@@ -16,7 +20,29 @@ from pathlib import Path
 import torch
 from scipy import stats
 
+PROMPTS = [
+    "def foo(x):\n    return",
+    "import os\nimport sys\n",
+    "class Parser:\n    def __init__(self):",
+    "for i in range(10):\n",
+    "# compute the sum\ntotal = 0\n",
+    "x = [1, 2, 3]\n",
+    "with open(path) as f:\n",
+    "if __name__ == '__main__':\n",
+]
+
+
+def _long_prompts(num: int = 6, chars: int = 800) -> list[str]:
+    """Code excerpts long enough that the first token barely matters to a draft model."""
+    import textwrap
+
+    src = Path(textwrap.__file__).read_text()
+    return [src[i * 1000 : i * 1000 + chars] for i in range(num)]
+
+
+LONG_PROMPTS = _long_prompts()
 MIN_EXPECTED = 5.0
+NULL_DRAWS = 200_000
 
 
 @dataclass(frozen=True)
@@ -44,20 +70,34 @@ def next_token_probs(
 
 def joint_two_token_law(
     model_dir: Path, prompt_ids: list[int], temperature: float, num_samples: int
-) -> dict[tuple[int, int], float]:
+) -> dict[tuple[int, ...], float]:
     """p(t1, t2) for every pair whose expected count could reach MIN_EXPECTED."""
-    p1 = next_token_probs(model_dir, [prompt_ids], temperature)[0]
-    firsts = [int(t) for t in torch.nonzero(p1 * num_samples >= MIN_EXPECTED).flatten()]
-    p2 = next_token_probs(model_dir, [prompt_ids + [t] for t in firsts], temperature)
-    law: dict[tuple[int, int], float] = {}
-    for row, t1 in enumerate(firsts):
-        joint = p1[t1] * p2[row]
-        for t2 in torch.nonzero(joint * num_samples >= MIN_EXPECTED).flatten().tolist():
-            law[(t1, t2)] = float(joint[t2])
+    return joint_law(model_dir, prompt_ids, temperature, num_samples, num_tokens=2)
+
+
+def joint_law(
+    model_dir: Path,
+    prompt_ids: list[int],
+    temperature: float,
+    num_samples: int,
+    num_tokens: int,
+) -> dict[tuple[int, ...], float]:
+    """p(t1..tn) for every completion prefix whose expected count could reach MIN_EXPECTED
+    (a prefix below that cannot have an extension above it, so the search is exact)."""
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(num_tokens):
+        prefixes = list(law)
+        probs = next_token_probs(model_dir, [prompt_ids + list(p) for p in prefixes], temperature)
+        grown: dict[tuple[int, ...], float] = {}
+        for prefix, row in zip(prefixes, probs, strict=True):
+            joint = row * law[prefix]
+            for t in torch.nonzero(joint * num_samples >= MIN_EXPECTED).flatten().tolist():
+                grown[(*prefix, t)] = float(joint[t])
+        law = grown
     return law
 
 
-def chi_square_gof(samples: list[tuple[int, int]], law: dict[tuple[int, int], float]) -> GofResult:
+def chi_square_gof(samples: list[tuple[int, ...]], law: dict[tuple[int, ...], float]) -> GofResult:
     """Pearson chi-square of observed pair counts against ``law`` (+ one pooled rest cell)."""
     n = len(samples)
     counts = Counter(samples)
@@ -71,8 +111,22 @@ def chi_square_gof(samples: list[tuple[int, int]], law: dict[tuple[int, int], fl
         big = max(range(len(expected)), key=expected.__getitem__)
         expected[big] += rest_expected
         observed[big] += n - sum(observed)
-    stat, p_value = stats.chisquare(observed, expected)
-    return GofResult(float(stat), len(observed) - 1, float(p_value), len(observed))
+    stat = float(stats.chisquare(observed, expected).statistic)
+    return GofResult(stat, len(observed) - 1, null_p_value(stat, expected), len(observed))
+
+
+def null_p_value(stat: float, expected: list[float], seed: int = 0) -> float:
+    """P(Pearson statistic >= stat) for multinomial samples drawn from the law itself."""
+    import numpy as np
+
+    exp = np.asarray(expected, dtype=np.float64)
+    n = int(round(exp.sum()))
+    rng = np.random.default_rng(seed)
+    exceed, chunk = 0, 20_000
+    for _ in range(NULL_DRAWS // chunk):
+        draws = rng.multinomial(n, exp / exp.sum(), size=chunk)
+        exceed += int(np.count_nonzero(((draws - exp) ** 2 / exp).sum(axis=1) >= stat))
+    return float((1 + exceed) / (1 + NULL_DRAWS))
 
 
 def sample_pairs_from_law(

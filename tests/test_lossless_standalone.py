@@ -3,8 +3,9 @@
 (a) greedy: baseline and speculative servers on the same fp32 model return identical token ids
     for prompts sent concurrently (one batched /generate);
 (b) sampling: the joint law of completion tokens 1-2 of the speculative server matches the
-    target's exact law (chi-square, alpha = 1e-3 per test, so a correct sampler fails a run
-    with probability 0.1%); the harness's power is shown on deliberately biased samplers.
+    target's exact law (Pearson chi-square with a simulated null, alpha = 1e-4 per test, so a
+    correct sampler fails a run with probability 0.01%); the harness's power is shown on
+    deliberately biased samplers.
 """
 
 from __future__ import annotations
@@ -12,31 +13,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lossless import chi_square_gof, joint_two_token_law, sample_pairs_from_law
+from lossless import (
+    LONG_PROMPTS,
+    PROMPTS,
+    chi_square_gof,
+    joint_two_token_law,
+    sample_pairs_from_law,
+)
 from server_utils import Server
 
-ALPHA = 1e-3
-NUM_SAMPLES = 3000
+ALPHA = 1e-4
+NUM_SAMPLES = 6000
 TEMPERATURE = 1.0
-PROMPTS = [
-    "def foo(x):\n    return",
-    "import os\nimport sys\n",
-    "class Parser:\n    def __init__(self):",
-    "for i in range(10):\n",
-    "# compute the sum\ntotal = 0\n",
-    "x = [1, 2, 3]\n",
-    "with open(path) as f:\n",
-    "if __name__ == '__main__':\n",
-]
 SAMPLING_PROMPT_IDS = [12, 40, 7, 99, 3]
-
-
-def _long_prompts(num: int = 6, chars: int = 800) -> list[str]:
-    """Code excerpts long enough that dropping the first token barely matters (see below)."""
-    import textwrap
-
-    src = Path(textwrap.__file__).read_text()
-    return [src[i * 1000 : i * 1000 + chars] for i in range(num)]
 
 
 CHAIN = [
@@ -77,7 +66,6 @@ class OneServer:
     def __init__(self, tiny_models: dict[str, Path], logs: Path) -> None:
         t, d = tiny_models["target"], tiny_models["draft"]
         self.args = {
-            "baseline": ["--model-path", str(t)],
             "chain": _spec_args(t, d, CHAIN),
             "tree": _spec_args(t, d, TREE),
             "chain_identity": _spec_args(t, t, CHAIN),
@@ -115,15 +103,6 @@ def _greedy(server: Server, prompts: list[str]) -> tuple[list, list]:
     return [o["output_ids"] for o in out], [o["meta_info"] for o in out]
 
 
-@pytest.fixture(scope="module")
-def baseline(servers) -> dict[str, list]:  # noqa: ANN001
-    """Greedy outputs of the non-speculative server, computed once."""
-    server = servers("baseline")
-    outputs = {"short": _greedy(server, PROMPTS)[0], "long": _greedy(server, _long_prompts())[0]}
-    servers.close()
-    return outputs
-
-
 def _sample_pairs(server: Server) -> list[tuple[int, int]]:
     out = server.generate(
         {
@@ -144,9 +123,9 @@ def law(tiny_models) -> dict:  # noqa: ANN001
     return joint_two_token_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES)
 
 
-def _check_greedy(servers, baseline, name: str) -> None:  # noqa: ANN001
+def _check_greedy(servers, baseline_greedy, name: str) -> None:  # noqa: ANN001
     got, meta = _greedy(servers(name), PROMPTS)
-    assert got == baseline["short"]
+    assert got == baseline_greedy["short"]
     assert all(m["spec_verify_ct"] > 0 for m in meta)
     accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
     assert accept > 1.0, "the draft never got a token accepted: speculation is not running"
@@ -158,7 +137,7 @@ def _check_sampling(servers, law, name: str) -> None:  # noqa: ANN001
     assert result.p_value > ALPHA, result
 
 
-def _check_identity(servers, baseline, name: str) -> None:  # noqa: ANN001
+def _check_identity(servers, baseline_greedy, name: str) -> None:  # noqa: ANN001
     """Draft == target accepts nearly every draft (max 4 tokens per verify).
 
     Not exactly 4: SGLang's STANDALONE feeds the draft the EAGLE-shifted sequence (draft KV slot
@@ -166,14 +145,14 @@ def _check_identity(servers, baseline, name: str) -> None:  # noqa: ANN001
     random tiny model's argmax often (measured: 2.2-3.7 at 20 chars); on long prompts the first
     token's influence is diluted, hence the long prompts here.
     """
-    got, meta = _greedy(servers(name), _long_prompts())
-    assert got == baseline["long"]
+    got, meta = _greedy(servers(name), LONG_PROMPTS)
+    assert got == baseline_greedy["long"]
     accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
     assert accept >= 3.5, accept
 
 
-def test_chain_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
-    _check_greedy(servers, baseline, "chain")
+def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+    _check_greedy(servers, baseline_greedy, "chain")
 
 
 def test_chain_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
@@ -217,20 +196,20 @@ def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: A
     assert len(ok["output_ids"]) == 4
 
 
-def test_tree_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
-    _check_greedy(servers, baseline, "tree")
+def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+    _check_greedy(servers, baseline_greedy, "tree")
 
 
 def test_tree_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
     _check_sampling(servers, law, "tree")
 
 
-def test_chain_identical_draft_accepts_almost_everything(servers, baseline) -> None:  # noqa: ANN001
-    _check_identity(servers, baseline, "chain_identity")
+def test_chain_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+    _check_identity(servers, baseline_greedy, "chain_identity")
 
 
-def test_tree_identical_draft_accepts_almost_everything(servers, baseline) -> None:  # noqa: ANN001
-    _check_identity(servers, baseline, "tree_identity")
+def test_tree_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+    _check_identity(servers, baseline_greedy, "tree_identity")
 
 
 def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001

@@ -45,11 +45,17 @@ class Algorithm:
     flags: tuple[str, ...] = ()
     defaults: tuple[tuple[str, str], ...] = ()
     speculative: bool = True
+    own_speculative_flags: bool = False  # drop pass-through --speculative-* (no draft model)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
     "standalone": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
+    "mtp_lora": Algorithm(("--speculative-algorithm", "MTP_LORA"), own_speculative_flags=True),
+    # k chosen per step by the speculation controller; needs --mtp-gamma-table TABLE.json
+    "mtp_lora_auto": Algorithm(
+        ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "auto"), own_speculative_flags=True
+    ),
 }
 
 
@@ -128,6 +134,8 @@ def server_flags(algorithm: str, extra: list[str]) -> list[str]:
     spec = ALGORITHMS[algorithm]
     if not spec.speculative:
         return drop_flags(extra, SPECULATIVE_PREFIX)
+    if spec.own_speculative_flags:
+        extra = drop_flags(extra, SPECULATIVE_PREFIX)
     flags = [*extra, *spec.flags]
     for name, value in spec.defaults:
         if not has_flag(extra, name):

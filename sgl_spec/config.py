@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 
 ENV_VAR = "SGLSPEC_CONFIG"
 CPU_FALLBACK_CHOICES = ("auto", "on", "off")
+MAX_MTP_K = 8
 
 
 class ConfigError(ValueError):
@@ -24,12 +25,25 @@ class ConfigError(ValueError):
 class SpecConfig:
     cpu_defaults: str = "auto"  # --sgl-spec-cpu-defaults: apply CPU-host SGLang settings
     cpu_lossless_sampling: bool = True  # --sgl-spec-no-cpu-lossless-sampling disables the patch
+    mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
+    mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
+    mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
 
     def __post_init__(self) -> None:
         if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
             raise ConfigError(
                 f"--sgl-spec-cpu-defaults must be one of {', '.join(CPU_FALLBACK_CHOICES)};"
                 f" got {self.cpu_defaults!r}"
+            )
+        if self.mtp_k is not None and self.mtp_k != "auto":
+            if not self.mtp_k.isdigit() or not 0 <= int(self.mtp_k) <= MAX_MTP_K:
+                raise ConfigError(
+                    f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
+                )
+        if self.mtp_k == "auto" and self.mtp_gamma_table is None:
+            raise ConfigError(
+                "--mtp-k auto needs --mtp-gamma-table (the JSON written by"
+                " benchmarks/gamma_tolerance.py on this host)"
             )
 
     @staticmethod
@@ -49,12 +63,35 @@ class SpecConfig:
             help="Keep SGLang's CPU speculative verify, which commits argmax tokens even when"
             " sampling (not lossless); by default sgl-spec patches it to rejection sampling.",
         )
+        group.add_argument(
+            "--mtp-lora-path",
+            dest="mtp_lora_path",
+            default=None,
+            help="MTP_LORA: directory of the gated-LoRA adapter (adapter_config.json +"
+            " adapter.safetensors) or a shipped name such as sgl-spec/tiny-code-mtp.",
+        )
+        group.add_argument(
+            "--mtp-k",
+            dest="mtp_k",
+            default=None,
+            help="MTP_LORA: drafts per step (0 = no speculation), at most the adapter's k_max;"
+            " 'auto' lets the speculation controller choose per step from --mtp-gamma-table.",
+        )
+        group.add_argument(
+            "--mtp-gamma-table",
+            dest="mtp_gamma_table",
+            default=None,
+            help="MTP_LORA with --mtp-k auto: the JSON written by benchmarks/gamma_tolerance.py.",
+        )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
         return cls(
             cpu_defaults=ns.sgl_spec_cpu_defaults,
             cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
+            mtp_lora_path=ns.mtp_lora_path,
+            mtp_k=ns.mtp_k,
+            mtp_gamma_table=ns.mtp_gamma_table,
         )
 
     def to_env(self) -> str:

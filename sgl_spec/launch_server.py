@@ -14,7 +14,7 @@ import sys
 
 from sgl_spec.argv import has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
-from sgl_spec.model_defaults import prepare_model_args
+from sgl_spec.model_defaults import fill_mtp_defaults, prepare_model_args
 
 logger = logging.getLogger("sgl_spec.launch_server")
 
@@ -63,6 +63,7 @@ def main(argv: list[str]) -> None:
     try:
         config, sglang_argv = split_argv(argv)
         sglang_argv = prepare_model_args(sglang_argv)
+        config = fill_mtp_defaults(config, sglang_argv)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
     from sgl_spec.cpu_kernels.install import ensure_boot_hook

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sgl_spec.argv import flag_value, set_flag_value
-from sgl_spec.config import ConfigError
+from sgl_spec.config import ConfigError, SpecConfig
 
 PATH_FLAGS = ("--model-path", "--speculative-draft-model-path", "--tokenizer-path")
 DEFAULT_ALGORITHM = "STANDALONE"
@@ -21,6 +21,10 @@ STANDALONE_DEFAULTS = {
     "--speculative-eagle-topk": "1",
     "--speculative-num-draft-tokens": "4",
 }
+
+
+# Measured on the shipped target + adapter (benchmarks/RESULTS.md).
+MTP_DEFAULT_K = "2"
 
 
 def looks_like_hub_id(value: str) -> bool:
@@ -71,3 +75,22 @@ def fill_shipped_defaults(argv: list[str]) -> list[str]:
 
 def prepare_model_args(argv: list[str]) -> list[str]:
     return resolve_paths(fill_shipped_defaults(argv))
+
+
+def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+    """MTP_LORA on the shipped target: the shipped adapter and the measured-best k, unless given.
+    ``argv`` is SGLang's (after ``prepare_model_args``)."""
+    from dataclasses import replace
+
+    from sgl_spec.models.registry import is_shipped
+
+    algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
+    if algorithm != "MTP_LORA" or not is_shipped(flag_value(argv, "--model-path") or ""):
+        return config
+    from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER
+
+    if config.mtp_lora_path is None:
+        config = replace(config, mtp_lora_path=DEFAULT_MTP_ADAPTER)
+    if config.mtp_k is None:
+        config = replace(config, mtp_k=MTP_DEFAULT_K)
+    return config

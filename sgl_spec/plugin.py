@@ -2,7 +2,7 @@
 
 SGLang calls ``register()`` in the launcher, the engine and every scheduler process. It
 registers our speculative algorithms and applies the upstream patches in ``patches/``.
-No algorithm is registered before it works end to end.
+Registered: MTP_LORA (``sgl_spec/mtp/``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ def register() -> None:
         return
     _registered = True
     from sgl_spec.config import SpecConfig
+    from sgl_spec.mtp import algorithm as mtp_algorithm
     from sgl_spec.patches import apply_patches
 
     config = SpecConfig.from_env()
     apply_patches(config)
+    mtp_algorithm.register()

@@ -36,3 +36,39 @@ class Server(ServerProcess):
         resp = requests.post(self.url + "/generate", json=payload, timeout=timeout)
         resp.raise_for_status()
         return resp.json()
+
+    def check_bad_request_keeps_serving(self) -> None:
+        """An invalid request gets SGLang's 4xx; the next valid one is served."""
+        bad = requests.post(
+            self.url + "/generate",
+            json={"text": "x", "sampling_params": {"temperature": -1.0, "max_new_tokens": 4}},
+            timeout=60,
+        )
+        assert 400 <= bad.status_code < 500, bad.text
+        ok = self.generate(
+            {"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+        )
+        assert len(ok["output_ids"]) == 4
+
+
+class ServerPool:
+    """Starts servers by name, keeping at most one alive: an idle SGLang scheduler busy-polls a
+    core, so servers left running slow every later test on a 2-core host. Tests are grouped by
+    server so each starts once."""
+
+    def __init__(self, args: dict[str, list[str]], logs: Path) -> None:
+        self.args, self.logs = args, logs
+        self.name: str | None = None
+        self.server: Server | None = None
+
+    def __call__(self, name: str) -> Server:
+        if name != self.name:
+            self.close()
+            self.server = Server(self.args[name], self.logs / f"{name}.log")
+            self.name = name
+        return self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server, self.name = None, None

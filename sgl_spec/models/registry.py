@@ -17,9 +17,14 @@ NAMESPACE = "sgl-spec/"
 SHIPPED_MODELS: dict[str, Path] = {
     "sgl-spec/tiny-code": WEIGHTS_DIR / "tiny-code",
     "sgl-spec/tiny-code-draft": WEIGHTS_DIR / "tiny-code-draft",
+    # Not a model: the gated-LoRA MTP adapter of tiny-code (sgl_spec/mtp), loaded on top of it.
+    "sgl-spec/tiny-code-mtp": WEIGHTS_DIR / "tiny-code-mtp",
 }
 DEFAULT_TARGET = "sgl-spec/tiny-code"
 DEFAULT_DRAFT = "sgl-spec/tiny-code-draft"
+DEFAULT_MTP_ADAPTER = "sgl-spec/tiny-code-mtp"
+# The file whose presence marks a shipped directory as installed (models: config.json).
+_MARKER_FILE = {DEFAULT_MTP_ADAPTER: "adapter_config.json"}
 
 
 def known_names() -> list[str]:
@@ -37,7 +42,7 @@ def resolve_model_path(name_or_path: str) -> str:
         raise ValueError(f"model path must be a non-empty string, got {name_or_path!r}; {_known()}")
     if name_or_path in SHIPPED_MODELS:
         path = SHIPPED_MODELS[name_or_path]
-        if not (path / "config.json").is_file():
+        if not (path / _MARKER_FILE.get(name_or_path, "config.json")).is_file():
             raise ValueError(
                 f"shipped model {name_or_path!r} is missing its files at {path} "
                 "(broken installation: reinstall sgl-spec)"

@@ -1,0 +1,326 @@
+"""Choose how many drafts to speculate per step from measured γ-tolerance and live acceptance.
+
+Seed paper §3.1: with τ(γ) = T(1)/T(γ) the latency ratio of a target forward that carries γ
+tokens per request, and δ = T_D/T(1) the drafter's per-draft cost, a step that proposes γ
+drafts has speedup (equation 1)
+
+    S = λ·τ(γ+1) / (1 + γ·δ·τ(γ+1)),
+
+where λ, the *acceptance length*, is the expected number of tokens a step commits: accepted
+drafts plus the bonus token. Speculation pays only while S > 1, and on large batches τ falls
+fast with γ (§4.1), so the best number of drafts k depends on batch size, context length and
+how well drafts are currently accepted. This module is pure (no SGLang): ``GammaTable`` holds τ
+measured by ``benchmarks/gamma_tolerance.py``; ``SpeculationController`` keeps per-position
+acceptance estimates and returns the k with the highest predicted S, or 0 (speculation off).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from numbers import Integral
+from pathlib import Path
+from typing import Protocol
+
+
+def predicted_speedup(lam: float, tau: float, gamma: int, delta: float) -> float:
+    """Equation 1: ``lam * tau / (1 + gamma * delta * tau)``.
+
+    ``gamma`` is the number of drafts, ``tau`` is τ at the verification length of that step
+    (γ+1 for a chain; whatever the method feeds per request otherwise), ``lam`` the
+    acceptance length (>= 1, includes the bonus token) and ``delta`` = T_D / T(1).
+    """
+    if lam < 1 or tau <= 0 or gamma < 0 or delta < 0:
+        raise ValueError(
+            f"need lam >= 1, tau > 0, gamma >= 0, delta >= 0; got {lam=}, {tau=}, {gamma=}, {delta=}"
+        )
+    return lam * tau / (1.0 + gamma * delta * tau)
+
+
+# --- measured τ -----------------------------------------------------------------------------
+
+
+def _bracket(axis: Sequence[int], x: float) -> tuple[int, int, float]:
+    """Indices around ``x`` on a sorted axis and the weight of the upper one, in log space;
+    ``x`` outside the axis is clamped to its ends."""
+    if x <= axis[0]:
+        return 0, 0, 0.0
+    if x >= axis[-1]:
+        last = len(axis) - 1
+        return last, last, 0.0
+    hi = bisect.bisect_right(axis, x)
+    lo = hi - 1
+    weight = (math.log(x) - math.log(axis[lo])) / (math.log(axis[hi]) - math.log(axis[lo]))
+    return lo, hi, weight
+
+
+@dataclass(frozen=True)
+class GammaTable:
+    """τ on a full grid of batch sizes × context lengths × γ (tokens per request).
+
+    ``tau`` interpolates multilinearly in (log bs, log ctx, log γ) and clamps outside the grid.
+    Beyond the largest measured γ that clamp is optimistic (τ keeps falling), which is why the
+    controller refuses a cost model whose largest step exceeds ``max_gamma``.
+    """
+
+    batch_sizes: tuple[int, ...]
+    ctx_lens: tuple[int, ...]
+    gammas: tuple[int, ...]
+    values: Mapping[tuple[int, int, int], float] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "ctx_lens", "gammas"):
+            axis = getattr(self, name)
+            if not axis or list(axis) != sorted(set(axis)) or axis[0] < 1:
+                raise ValueError(f"GammaTable.{name} must be sorted, distinct and >= 1: {axis}")
+        missing = [
+            (b, c, g)
+            for b in self.batch_sizes
+            for c in self.ctx_lens
+            for g in self.gammas
+            if (b, c, g) not in self.values
+        ]
+        if missing:
+            raise ValueError(
+                f"GammaTable needs a full grid; missing (bs, ctx, gamma) {missing[:5]}"
+            )
+        bad = {k: v for k, v in self.values.items() if not (v > 0 and math.isfinite(v))}
+        if bad:
+            raise ValueError(f"GammaTable values must be positive and finite: {bad}")
+
+    @classmethod
+    def from_points(cls, points: Sequence[Mapping]) -> GammaTable:
+        """From ``{"batch_size", "ctx_len", "gamma", "tau"}`` records (the benchmark's points)."""
+        values = {
+            (int(p["batch_size"]), int(p["ctx_len"]), int(p["gamma"])): float(p["tau"])
+            for p in points
+        }
+        return cls(
+            batch_sizes=tuple(sorted({k[0] for k in values})),
+            ctx_lens=tuple(sorted({k[1] for k in values})),
+            gammas=tuple(sorted({k[2] for k in values})),
+            values=values,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> GammaTable:
+        """The JSON written by ``benchmarks/gamma_tolerance.py``."""
+        data = json.loads(Path(path).read_text())
+        if "points" not in data:
+            raise ValueError(f"{path}: no 'points' (not a gamma_tolerance.py result)")
+        return cls.from_points(data["points"])
+
+    @property
+    def max_gamma(self) -> int:
+        return self.gammas[-1]
+
+    def tau(self, batch_size: float, ctx_len: float, gamma: float) -> float:
+        brackets = [
+            _bracket(self.batch_sizes, batch_size),
+            _bracket(self.ctx_lens, ctx_len),
+            _bracket(self.gammas, gamma),
+        ]
+        axes = (self.batch_sizes, self.ctx_lens, self.gammas)
+        total = 0.0
+        for corner in range(8):
+            weight, key = 1.0, []
+            for axis_i, (lo, hi, w) in enumerate(brackets):
+                upper = (corner >> axis_i) & 1
+                weight *= w if upper else 1.0 - w
+                key.append(axes[axis_i][hi if upper else lo])
+            if weight:
+                total += weight * self.values[tuple(key)]
+        return total
+
+
+# --- cost of a step with k drafts -----------------------------------------------------------
+
+
+class StepCost(Protocol):
+    """How a method with k drafts uses the target: tokens per request in the verify forward
+    (the γ at which τ is read) and δ, the cost of one draft relative to T(1)."""
+
+    delta: float
+
+    def tokens_per_step(self, k: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class MTPGatedLoRACost:
+    """MTP with gated LoRA (§4.3): k+1 anchors each followed by k masks, one forward, so
+    (k+1)² tokens per request and no separate drafter (δ = 0)."""
+
+    delta: float = 0.0
+
+    def tokens_per_step(self, k: int) -> int:
+        return (k + 1) ** 2
+
+
+@dataclass(frozen=True)
+class DrafterCost:
+    """A drafter-based chain (STANDALONE, EAGLE with topk 1): k drafts, verify k+1 tokens, and
+    each draft costs ``delta`` = T_D / T(1)."""
+
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not (self.delta >= 0 and math.isfinite(self.delta)):
+            raise ValueError(f"DrafterCost.delta must be >= 0, got {self.delta}")
+
+    def tokens_per_step(self, k: int) -> int:
+        return k + 1
+
+
+# --- the controller -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """``alpha_prior``: α_j, the probability that draft j is accepted given drafts 1..j-1 were,
+    before any observation (one value for every position, or one per position 1..k_max).
+    ``ewma_weight``: weight of a new observation in the running α_j. ``margin``: speculate
+    only when predicted S > 1 + margin. ``explore_every``: after that many consecutive steps
+    at k = 0, try the best k > 0 once so α can recover (0 never explores)."""
+
+    k_max: int = 4
+    alpha_prior: float | tuple[float, ...] = 0.7
+    ewma_weight: float = 0.05
+    margin: float = 0.02
+    explore_every: int = 64
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+        prior = self.alpha_prior
+        if isinstance(prior, (tuple, list)):
+            if len(prior) != self.k_max:
+                raise ValueError(f"alpha_prior has {len(prior)} values, k_max is {self.k_max}")
+            values = prior
+        else:
+            values = (prior,)
+        if not all(0.0 <= a <= 1.0 for a in values):
+            raise ValueError(f"alpha_prior values must lie in [0, 1], got {prior}")
+        if not 0.0 < self.ewma_weight <= 1.0:
+            raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
+        if self.margin < 0:
+            raise ValueError(f"margin must be >= 0, got {self.margin}")
+        if self.explore_every < 0:
+            raise ValueError(f"explore_every must be >= 0, got {self.explore_every}")
+
+    def prior(self) -> list[float]:
+        if isinstance(self.alpha_prior, (tuple, list)):
+            return [float(a) for a in self.alpha_prior]
+        return [float(self.alpha_prior)] * self.k_max
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What ``SpeculationController`` chose, with the numbers behind it for logging.
+
+    ``gamma`` is the tokens per request of the verify forward, ``tau`` = τ(gamma), ``lam`` the
+    predicted acceptance length; ``explore`` marks a k > 0 tried only to refresh α."""
+
+    k: int
+    predicted_speedup: float
+    gamma: int
+    tau: float
+    lam: float
+    explore: bool = False
+
+
+class SpeculationController:
+    """argmax_k S(k) = λ(k)·τ(γ(k)) / (1 + k·δ·τ(γ(k))) over k in [0, k_max], with
+    λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j from running per-position acceptance estimates.
+
+    α_j is estimated conditionally (accepted among the requests that reached draft j) rather
+    than as one EWMA of whole accept lengths, so observations made at one k stay valid for
+    predicting another. A position beyond the k in use is never observed and keeps its last
+    estimate; exploration probes only from k = 0.
+
+    ``predict`` and ``best`` are pure; ``decide``/``choose_k`` add exploration and
+    ``observe`` updates α — the only two places that change state.
+    """
+
+    def __init__(
+        self, table: GammaTable, cost: StepCost, config: ControllerConfig | None = None
+    ) -> None:
+        self.table = table
+        self.cost = cost
+        self.config = config or ControllerConfig()
+        largest = cost.tokens_per_step(self.config.k_max)
+        if largest > table.max_gamma:
+            raise ValueError(
+                f"k_max={self.config.k_max} needs τ at γ={largest} tokens per request, but the "
+                f"table stops at γ={table.max_gamma}; measure larger --gammas or lower k_max"
+            )
+        self.alphas = self.config.prior()
+        self.num_steps_off = 0
+
+    def acceptance_length(self, k: int) -> float:
+        """λ(k): 1 (the bonus token) + expected number of accepted drafts."""
+        lam, survive = 1.0, 1.0
+        for alpha in self.alphas[:k]:
+            survive *= alpha
+            lam += survive
+        return lam
+
+    def predict(self, k: int, batch_size: int, ctx_len: int) -> Decision:
+        """Predicted S for exactly ``k`` drafts (k = 0: no speculation, S = 1 by definition)."""
+        gamma = self.cost.tokens_per_step(k)
+        tau = self.table.tau(batch_size, ctx_len, gamma)
+        lam = self.acceptance_length(k)
+        if k == 0:
+            return Decision(0, 1.0, gamma, tau, lam)
+        speedup = predicted_speedup(lam, tau, k, self.cost.delta)
+        return Decision(k, speedup, gamma, tau, lam)
+
+    def best(self, batch_size: int, ctx_len: int, min_k: int = 0) -> Decision:
+        """The k >= ``min_k`` of highest predicted S; with ``min_k`` 0, k = 0 unless some
+        k beats 1 + margin."""
+        candidates = [
+            self.predict(k, batch_size, ctx_len)
+            for k in range(max(min_k, 1), self.config.k_max + 1)
+        ]
+        top = max(candidates, key=lambda d: d.predicted_speedup)
+        if min_k == 0 and top.predicted_speedup <= 1.0 + self.config.margin:
+            return self.predict(0, batch_size, ctx_len)
+        return top
+
+    def decide(self, batch_size: int, ctx_len: int) -> Decision:
+        decision = self.best(batch_size, ctx_len)
+        if decision.k > 0:
+            self.num_steps_off = 0
+            return decision
+        every = self.config.explore_every
+        if every and self.num_steps_off >= every:
+            self.num_steps_off = 0
+            explore = self.best(batch_size, ctx_len, min_k=1)
+            return replace(explore, explore=True)
+        self.num_steps_off += 1
+        return decision
+
+    def choose_k(self, batch_size: int, ctx_len: int) -> int:
+        return self.decide(batch_size, ctx_len).k
+
+    def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
+        """Update α from one request's accepted-draft count, or one count per request of a
+        batch. Draft j was *reached* when drafts 1..j-1 were accepted; α_j moves toward the
+        fraction of reaching requests that accepted it, one EWMA step per call."""
+        if isinstance(num_accepted_drafts, Integral):
+            counts = [int(num_accepted_drafts)]
+        else:
+            counts = [int(a) for a in num_accepted_drafts]
+        if k_used < 0 or k_used > self.config.k_max:
+            raise ValueError(f"k_used must lie in [0, {self.config.k_max}], got {k_used}")
+        if any(not 0 <= a <= k_used for a in counts):
+            raise ValueError(f"num_accepted_drafts must lie in [0, {k_used}], got {counts}")
+        weight = self.config.ewma_weight
+        for j in range(1, k_used + 1):
+            reached = sum(1 for a in counts if a >= j - 1)
+            if reached == 0:
+                break
+            accepted = sum(1 for a in counts if a >= j)
+            self.alphas[j - 1] += weight * (accepted / reached - self.alphas[j - 1])

@@ -1,0 +1,160 @@
+"""``--speculative-algorithm MTP_LORA``: registration, start-up validation, runtime settings.
+
+SGLang sizes its per-step KV reservation and verify buffers from ``speculative_num_steps`` /
+``speculative_num_draft_tokens``; for MTP with k drafts a step feeds (k+1)² tokens per request,
+so those are set from the largest k this server may use. Our own flags (``--mtp-lora-path``,
+``--mtp-k``, ``--mtp-gamma-table``) come from ``SpecConfig`` (see ``sgl_spec/config.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sgl_spec.config import SpecConfig
+
+logger = logging.getLogger(__name__)
+NAME = "MTP_LORA"
+
+
+@dataclass(frozen=True)
+class MtpSettings:
+    adapter_path: str
+    k_max: int  # the adapter's trained mask count
+    fixed_k: int  # drafts per step when the controller is off
+    mask_token_ids: list[int]
+    controller: Any | None  # sgl_spec.controller.SpeculationController when --mtp-k auto
+
+    @property
+    def max_k(self) -> int:
+        return self.k_max if self.controller is not None else self.fixed_k
+
+
+def resolve_adapter_path(value: str | None) -> str:
+    from sgl_spec.models.registry import SHIPPED_MODELS
+
+    if value is None:
+        raise ValueError(
+            "MTP_LORA needs --mtp-lora-path (an adapter directory trained with"
+            " `python -m sgl_spec.mtp.train`); launch through `python -m sgl_spec.launch_server`"
+        )
+    path = SHIPPED_MODELS.get(value, Path(value).expanduser())
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise ValueError(f"--mtp-lora-path: {value!r} has no adapter_config.json")
+    return str(Path(path).resolve())
+
+
+def load_settings(config: SpecConfig) -> MtpSettings:
+    from sgl_spec.mtp.adapter_io import read_adapter_config
+
+    path = resolve_adapter_path(config.mtp_lora_path)
+    adapter_config, _, _ = read_adapter_config(path)
+    k_max = adapter_config.k_max
+    mask_token_ids = list(adapter_config.mask_token_ids)
+    if len(mask_token_ids) < k_max:
+        raise ValueError(f"--mtp-lora-path: {k_max=} but only {len(mask_token_ids)} mask ids")
+    controller = None
+    fixed_k = k_max
+    if config.mtp_k == "auto":
+        controller = build_controller(config.mtp_gamma_table, k_max, alpha_prior(path, k_max))
+    elif config.mtp_k is not None:
+        fixed_k = int(config.mtp_k)
+        if fixed_k > k_max:
+            raise ValueError(f"--mtp-k {fixed_k} exceeds the adapter's k_max {k_max} ({path})")
+    return MtpSettings(path, k_max, fixed_k, mask_token_ids, controller)
+
+
+def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
+    """The adapter's held-out conditional acceptance per mask position, if its card has it."""
+    metrics = Path(adapter_path) / "metrics.json"
+    try:
+        data = json.loads(metrics.read_text())
+        chain = [float(a) for a in data["alpha_prefix"][:k_max]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.5
+    if len(chain) < k_max:
+        return 0.5
+    # P(masks 1..j all right) -> P(mask j right | 1..j-1 right)
+    conditional = [chain[0]] + [
+        b / a if a > 0 else 0.0 for a, b in zip(chain, chain[1:], strict=False)
+    ]
+    return tuple(min(max(a, 0.0), 1.0) for a in conditional)
+
+
+def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
+    from sgl_spec.controller import (
+        ControllerConfig,
+        GammaTable,
+        MTPGatedLoRACost,
+        SpeculationController,
+    )
+
+    if table_path is None or not Path(table_path).is_file():
+        raise ValueError(f"--mtp-gamma-table: {table_path!r} is not a file")
+    try:
+        table = GammaTable.load(table_path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--mtp-gamma-table: cannot use {table_path}: {exc}") from exc
+    config = ControllerConfig(k_max=k_max, alpha_prior=prior)
+    return SpeculationController(table, MTPGatedLoRACost(), config)
+
+
+def runtime_settings(model_runner: Any) -> MtpSettings:
+    """Settings inside the scheduler process (the config travels in the environment)."""
+    del model_runner
+    return load_settings(SpecConfig.from_env())
+
+
+class MtpSpecAlgo(CustomSpecAlgo):
+    """Duck-typed SGLang algorithm: single model, no draft KV pool."""
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    # Methods SGLang's enum has and its CustomSpecAlgo base lacks (0.5.23).
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        return None
+
+    def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
+
+    def handle_server_args(self, server_args: Any) -> None:
+        settings = load_settings(SpecConfig.from_env())
+        if server_args.speculative_draft_model_path is not None:
+            raise ValueError(
+                "MTP_LORA drafts with the target itself; drop --speculative-draft-model-path"
+            )
+        for flag in ("tp_size", "pp_size", "dp_size"):
+            if int(getattr(server_args, flag, 1) or 1) != 1:
+                raise ValueError(f"MTP_LORA supports --{flag.replace('_', '-')} 1 only for now")
+        k = settings.max_k
+        server_args.speculative_num_steps = max(k, 1)
+        server_args.speculative_eagle_topk = 1
+        server_args.speculative_num_draft_tokens = (k + 1) ** 2
+        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
+            # The gate rows change every step; graph replay would freeze them.
+            logger.warning("MTP_LORA: disabling CUDA graphs (per-step LoRA gates)")
+            server_args.disable_cuda_graph = True
+
+
+def register() -> None:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    @SpeculativeAlgorithm.register(NAME, supports_overlap=False, spec_class=MtpSpecAlgo)
+    def _factory(server_args: Any) -> type:
+        from sgl_spec.mtp.worker import MtpLoraWorker
+
+        return MtpLoraWorker

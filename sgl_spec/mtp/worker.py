@@ -1,0 +1,317 @@
+"""MTP_LORA worker: draft and verify in one target forward per step (paper §4.3).
+
+Each decode step feeds, per request, k+1 anchors -- the bonus token of the previous step and the
+k drafts the masks proposed -- each followed by k mask tokens: (k+1)² tokens in SGLang's
+TARGET_VERIFY mode with a custom attention mask (``sgl_spec/mtp/layout.py``). Anchors run the base
+weights (gate 0) and verify the drafts; masks run the gated LoRA (gate 1) and, after the last
+accepted anchor, provide the next k drafts. Anchors occupy the first k+1 KV slots of the step, so
+the accepted ones are already the committed prefix; mask KV lies past the committed length and is
+overwritten by the next step (SGLang's spec-v2 allocator reserves that room per step).
+
+Prefill is SGLang's plain target extend; the first decode step therefore has no drafts to verify
+(its drafts are placeholders that verification rejects), only masks to draft from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+from sgl_spec.mtp import layout as mtp_layout_mod
+from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
+from sgl_spec.mtp.sglang_lora import GatedLoRA, install_gated_lora
+from sgl_spec.verify.chain import ChainResult, accept_greedy, accept_sampling
+
+logger = logging.getLogger(__name__)
+LOG_EVERY_STEPS = 200
+
+
+@dataclass
+class MtpStats:
+    """Running counters, logged every ``LOG_EVERY_STEPS`` decode steps."""
+
+    steps: int = 0
+    requests: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    forward_s: float = 0.0
+    k_histogram: dict[int, int] = field(default_factory=dict)
+    last_decision: object | None = None  # the controller's latest Decision, if any
+
+    def record(self, k: int, bs: int, num_accepted: int, seconds: float) -> None:
+        self.steps += 1
+        self.requests += bs
+        self.accepted += num_accepted
+        self.drafted += k * bs
+        self.forward_s += seconds
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
+
+    def summary(self) -> str:
+        accept_len = 1 + self.accepted / max(self.requests, 1)
+        rate = self.accepted / max(self.drafted, 1)
+        return (
+            f"MTP_LORA: steps={self.steps} mean_accept_length={accept_len:.3f} "
+            f"draft_accept_rate={rate:.3f} k_histogram={dict(sorted(self.k_histogram.items()))} "
+            f"mean_step_forward_ms={1000 * self.forward_s / max(self.steps, 1):.2f}"
+            f" last_decision={self.last_decision}"
+        )
+
+
+class MtpLoraWorker(BaseSpecWorker):
+    """Single-model speculative worker; the target's own runner and KV pool do everything."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+        super().__init__()
+        from sgl_spec.mtp.algorithm import runtime_settings
+
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = target_worker.device
+        settings = runtime_settings(self.model_runner)
+        self.lora: GatedLoRA = install_gated_lora(
+            self.model_runner.model,
+            settings.adapter_path,
+            dtype=self.model_runner.dtype,
+            device=torch.device(self.device),
+        )
+        self.k_max = settings.k_max
+        self.fixed_k = settings.fixed_k
+        self.controller = settings.controller
+        self.mask_token_ids = torch.tensor(settings.mask_token_ids, device=self.device)
+        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
+        self._layouts: dict[int, tuple] = {}
+        self.stats = MtpStats()
+        # Read by SGLang's speculative infrastructure.
+        self.speculative_num_steps = self.k_max
+        self.speculative_num_draft_tokens = (self.k_max + 1) ** 2
+        self.topk = 1
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        # Scheduler-facing methods this wrapper lacks belong to the target worker.
+        if name == "_target_worker":
+            raise AttributeError(name)
+        return getattr(self._target_worker, name)
+
+    @property
+    def draft_worker(self):  # noqa: ANN201
+        return None
+
+    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
+        if batch.forward_mode.is_extend():
+            result = self._target_worker.forward_batch_generation(batch)
+            result.new_seq_lens = batch.seq_lens
+            if isinstance(result.next_token_ids, torch.Tensor):
+                result.next_draft_input = MtpDraftInput.after_prefill(
+                    result.next_token_ids, batch.seq_lens
+                )
+            return result
+        if batch.forward_mode.is_decode():
+            return self._forward_decode(batch)
+        raise RuntimeError(f"MTP_LORA expected an EXTEND or DECODE batch, got {batch.forward_mode}")
+
+    # ---- decode step -------------------------------------------------------------------------
+
+    def _choose_k(self, batch) -> int:  # noqa: ANN001
+        if self.controller is None:
+            return self.fixed_k
+        ctx = int(batch.seq_lens_cpu.float().mean()) if batch.seq_lens_cpu is not None else 0
+        decision = self.controller.decide(len(batch.reqs), ctx)
+        self.stats.last_decision = decision
+        return min(decision.k, self.k_max)
+
+    def _layout(self, k: int) -> tuple:
+        """Cached device tensors of the step layout for k drafts."""
+        if k not in self._layouts:
+            lay = mtp_layout_mod.mtp_layout(k).to(self.device)
+            mask_slots = torch.nonzero(lay.is_mask).flatten()
+            group_slots = torch.stack([lay.mask_slots(i) for i in range(k + 1)])
+            self._layouts[k] = (
+                lay,
+                lay.position_offsets.to(torch.int64),
+                mask_slots,
+                lay.mask_index[mask_slots].to(torch.int64),
+                group_slots.to(torch.int64).reshape(k + 1, k),
+            )
+        return self._layouts[k]
+
+    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        state: MtpDraftInput = batch.spec_info
+        bs = len(batch.reqs)
+        k = self._choose_k(batch)
+        lay, offsets, mask_slots, mask_index, group_slots = self._layout(k)
+        width = lay.width
+        seq_lens = batch.seq_lens.to(torch.int64)  # committed KV length; the bonus sits here
+        drafts = pad_drafts(state.drafts.to(self.device, torch.int64), k)  # [bs, k]
+        anchors = torch.cat((state.bonus_tokens.to(torch.int64)[:, None], drafts), dim=1)
+        input_ids = mtp_layout_mod.build_input_ids(anchors, self.mask_token_ids[:k])
+        positions = seq_lens[:, None] + offsets[None, :]  # [bs, W]
+        slots = seq_lens[:, None] + torch.arange(width, device=self.device)[None, :]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], slots]
+        custom_mask = mtp_layout_mod.tree_mask(lay, bs, int(self._mask_mode()), seq_lens=seq_lens)
+        forward_batch = self._make_forward_batch(
+            batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
+        )
+        rows = (torch.arange(bs, device=self.device)[:, None] * width + mask_slots[None]).flatten()
+        tic = time.perf_counter()
+        with self.lora.gates(rows, mask_index.repeat(bs)):
+            out = self._target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch, is_verify=True
+            )
+        logits_output = out.logits_output
+        logits = logits_output.next_token_logits.view(bs, width, -1)
+        anchor_logits = logits[:, : k + 1].clone()  # [bs, k+1, vocab]; penalties go in here
+        result = self._verify(batch, drafts, anchors[:, 0], anchor_logits)
+        next_drafts = self._next_drafts(logits, group_slots, result.num_accepted, k)
+        # Downstream (logprobs, hidden states) reads one row per emitted token: the anchors'.
+        logits_output.next_token_logits = anchor_logits.view(bs * (k + 1), -1)
+        if batch.return_logprob:
+            compute_spec_logprobs(
+                batch, logits_output, result.tokens.reshape(-1), chain_stride=k + 1
+            )
+        elapsed = time.perf_counter() - tic
+        accept_lens = (result.num_accepted + 1).to(torch.int32)
+        new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
+        self._observe(k, bs, result, state.num_real, elapsed)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=result.tokens.to(torch.int32).reshape(-1),
+            accept_lens=accept_lens,
+            next_draft_input=MtpDraftInput(
+                bonus_tokens=result.bonus,
+                drafts=next_drafts,
+                new_seq_lens=new_seq_lens,
+                num_real=torch.full_like(result.bonus, k),
+            ),
+            speculative_num_draft_tokens=k + 1,
+            speculative_output_stride=k + 1,
+            num_non_draft_tokens_per_req=1,
+            new_seq_lens=new_seq_lens,
+            can_run_cuda_graph=out.can_run_cuda_graph,
+        )
+
+    def _mask_mode(self):  # noqa: ANN202
+        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
+        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
+
+    def _make_forward_batch(
+        self,
+        batch,  # noqa: ANN001
+        input_ids: torch.Tensor,  # [bs, W]
+        positions: torch.Tensor,  # [bs, W]
+        out_cache_loc: torch.Tensor,  # [bs, W]
+        custom_mask: torch.Tensor,
+        width: int,
+    ) -> ForwardBatch:
+        positions = positions.reshape(-1)
+        spec_info = MtpForwardInput(
+            positions=positions, custom_mask=custom_mask, draft_token_num=width
+        )
+        seq_lens_cpu = batch.seq_lens_cpu
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=len(batch.reqs),
+            input_ids=input_ids.reshape(-1),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=out_cache_loc.reshape(-1),
+            seq_lens_sum=None
+            if seq_lens_cpu is None
+            else int(seq_lens_cpu.sum()) + width * len(batch.reqs),
+            seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu + width,
+            positions=positions,
+            spec_algorithm=batch.spec_algorithm,
+            spec_info=spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            return_hidden_states_before_norm=False,
+            sampling_info=batch.sampling_info,
+        )
+        self.model_runner.kv_index_translator.bind_own_plan(forward_batch)
+        return forward_batch
+
+    def _verify(
+        self,
+        batch,  # noqa: ANN001
+        drafts: torch.Tensor,  # [bs, k]
+        anchor0: torch.Tensor,  # [bs]
+        logits: torch.Tensor,  # [bs, k+1, vocab] base-path logits of the anchors
+    ) -> ChainResult:
+        info = batch.sampling_info
+        bs, width, vocab = logits.shape
+        flat = logits.view(bs * width, vocab)
+        for bias in (info.acc_additive_penalties, info.logit_bias):
+            if bias is not None:  # the same relaxed penalty handling as SGLang's EAGLE verify
+                flat.add_(torch.repeat_interleave(bias, width, dim=0))
+        if info.is_all_greedy:
+            return accept_greedy(drafts, torch.argmax(logits, dim=-1))
+        temperatures = torch.repeat_interleave(info.temperatures, width, dim=0)
+        probs = eagle_utils.sampling_softmax(flat, temperatures=temperatures)
+        if info.need_top_k_sampling:
+            probs = eagle_utils.top_k_renorm_prob(
+                probs, torch.repeat_interleave(info.top_ks, width, dim=0)
+            )
+        if info.need_top_p_sampling:
+            probs = eagle_utils.top_p_renorm_prob(
+                probs, torch.repeat_interleave(info.top_ps, width, dim=0)
+            )
+        candidates = torch.cat((anchor0[:, None], drafts), dim=1)
+        coins, final_coins = eagle_utils._verify_coins(
+            sampling_info=info,
+            seq_lens=batch.seq_lens,
+            draft_token_num=width,
+            candidates=candidates,
+            device=drafts.device,
+        )
+        sampler = eagle_utils.tree_speculative_sampling_target_only
+        if sampler is None:
+            raise RuntimeError("MTP_LORA: no speculative sampling kernel on this platform")
+        return accept_sampling(
+            drafts, anchor0, probs.view(bs, width, vocab), coins, final_coins, sampler
+        )
+
+    @staticmethod
+    def _next_drafts(
+        logits: torch.Tensor,  # [bs, W, vocab]
+        group_slots: torch.Tensor,  # [k+1, k] mask slots of each anchor's group
+        num_accepted: torch.Tensor,  # [bs]
+        k: int,
+    ) -> torch.Tensor:
+        """Greedy drafts from the masks after the last accepted anchor: [bs, k]."""
+        if k == 0:
+            return torch.zeros((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+        slots = group_slots[num_accepted]  # [bs, k]
+        chosen = logits.gather(1, slots[:, :, None].expand(-1, -1, logits.shape[-1]))
+        return torch.argmax(chosen, dim=-1)
+
+    def _observe(
+        self,
+        k: int,
+        bs: int,
+        result: ChainResult,
+        num_real: torch.Tensor,  # [bs] drafts that came from masks (not padding)
+        seconds: float,
+    ) -> None:
+        accepted = int(result.num_accepted.sum())
+        self.stats.record(k, bs, accepted, seconds)
+        if self.controller is not None and k > 0:
+            # Only requests whose k drafts all came from masks say anything about α.
+            real = (num_real.to(result.num_accepted.device) >= k).tolist()
+            counts = [a for a, ok in zip(result.num_accepted.tolist(), real, strict=True) if ok]
+            if counts:
+                self.controller.observe(k, counts)
+        if self.stats.steps % LOG_EVERY_STEPS == 0:
+            logger.info(self.stats.summary())

@@ -1,0 +1,92 @@
+"""MTP_LORA glue without a server: carried state, flags, shipped defaults, start-up errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sgl_spec.config import ConfigError, SpecConfig, split_argv
+from sgl_spec.model_defaults import MTP_DEFAULT_K, fill_mtp_defaults
+from sgl_spec.mtp.info import MtpDraftInput, pad_drafts
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+
+def _state(bonus: list[int], drafts: list[list[int]]) -> MtpDraftInput:
+    d = torch.tensor(drafts, dtype=torch.long).reshape(len(bonus), -1)
+    return MtpDraftInput(
+        bonus_tokens=torch.tensor(bonus),
+        drafts=d,
+        new_seq_lens=torch.arange(len(bonus)) + 10,
+        num_real=torch.full((len(bonus),), d.shape[1]),
+    )
+
+
+def test_pad_drafts_truncates_or_pads_with_token_zero() -> None:
+    d = torch.tensor([[4, 5, 6]])
+    assert pad_drafts(d, 2).tolist() == [[4, 5]]
+    assert pad_drafts(d, 5).tolist() == [[4, 5, 6, 0, 0]]
+
+
+def test_merge_keeps_every_request_and_the_widest_drafts() -> None:
+    running = _state([1, 2], [[7, 8], [9, 9]])
+    fresh = MtpDraftInput.after_prefill(torch.tensor([3]), torch.tensor([5]))
+    running.merge_batch(fresh)
+    assert running.bonus_tokens.tolist() == [1, 2, 3]
+    assert running.drafts.tolist() == [[7, 8], [9, 9], [0, 0]]
+    assert running.num_real.tolist() == [2, 2, 0]
+    assert running.new_seq_lens.tolist() == [10, 11, 5]
+    running.filter_batch(torch.tensor([2, 0]))
+    assert running.bonus_tokens.tolist() == [3, 1]
+    assert running.drafts.tolist() == [[0, 0], [7, 8]]
+    assert running.num_real.tolist() == [0, 2]
+
+
+def test_mtp_flags_are_ours_and_validated() -> None:
+    config, rest = split_argv(["--mtp-k", "2", "--mtp-lora-path", "/a", "--model-path", "m"])
+    assert (config.mtp_k, config.mtp_lora_path) == ("2", "/a")
+    assert rest == ["--model-path", "m"]
+    with pytest.raises(ConfigError, match="--mtp-k"):
+        SpecConfig(mtp_k="many")
+    with pytest.raises(ConfigError, match="--mtp-k"):
+        SpecConfig(mtp_k="99")
+    with pytest.raises(ConfigError, match="--mtp-gamma-table"):
+        SpecConfig(mtp_k="auto")
+    assert SpecConfig.from_env({"SGLSPEC_CONFIG": SpecConfig(mtp_k="3").to_env()}).mtp_k == "3"
+
+
+def test_shipped_target_gets_the_shipped_adapter_and_k() -> None:
+    from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET
+
+    argv = ["--model-path", DEFAULT_TARGET, "--speculative-algorithm", "MTP_LORA"]
+    filled = fill_mtp_defaults(SpecConfig(), argv)
+    assert (filled.mtp_lora_path, filled.mtp_k) == (DEFAULT_MTP_ADAPTER, MTP_DEFAULT_K)
+    mine = fill_mtp_defaults(SpecConfig(mtp_k="1", mtp_lora_path="/x"), argv)
+    assert (mine.mtp_lora_path, mine.mtp_k) == ("/x", "1")
+    other = ["--model-path", "/some/model", "--speculative-algorithm", "MTP_LORA"]
+    assert fill_mtp_defaults(SpecConfig(), other) == SpecConfig()
+
+
+def test_bad_adapter_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    from sgl_spec.mtp.algorithm import load_settings
+
+    with pytest.raises(ValueError, match="--mtp-lora-path"):
+        load_settings(SpecConfig())
+    with pytest.raises(ValueError, match="--mtp-lora-path"):
+        load_settings(SpecConfig(mtp_lora_path=str(tmp_path)))
+    (tmp_path / "adapter_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="adapter_config.json"):
+        load_settings(SpecConfig(mtp_lora_path=str(tmp_path)))
+
+
+def test_bench_mtp_lora_drops_pass_through_speculative_flags() -> None:
+    from _bench_lib import server_flags
+
+    extra = ["--model-path", "m", "--speculative-draft-model-path", "d", "--mtp-k", "2"]
+    flags = server_flags("mtp_lora", extra)
+    assert "--speculative-draft-model-path" not in flags
+    assert flags[-2:] == ["--speculative-algorithm", "MTP_LORA"]
+    assert "--mtp-k" in flags

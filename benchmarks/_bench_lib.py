@@ -132,6 +132,12 @@ def parse_algorithms(text: str) -> list[str]:
 def server_flags(algorithm: str, extra: list[str]) -> list[str]:
     """Flags for one server: the pass-through flags plus the algorithm's own."""
     spec = ALGORITHMS[algorithm]
+    if model_path(extra) is None:
+        # Name the launcher's default target: with no --model-path at all the launcher would
+        # also turn STANDALONE on, and the "none" baseline would silently speculate.
+        from sgl_spec.models.registry import DEFAULT_TARGET
+
+        extra = [*extra, "--model-path", DEFAULT_TARGET]
     if not spec.speculative:
         return drop_flags(extra, SPECULATIVE_PREFIX)
     if spec.own_speculative_flags:

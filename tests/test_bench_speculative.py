@@ -302,3 +302,13 @@ def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:  # noqa: 
     assert standalone["greedy_equal_baseline"] is True
     assert none["ratios"]["output_throughput"] == 1.0
     assert "standalone" in proc.stdout and "x tok/s" in proc.stdout
+
+
+def test_none_without_model_path_names_the_default_target() -> None:
+    """With no --model-path the launcher would turn STANDALONE on: the 'none' baseline must not
+    speculate, so the harness names the default target explicitly."""
+    from sgl_spec.models.registry import DEFAULT_TARGET
+
+    flags = lib.server_flags("none", [])
+    assert flags == ["--model-path", DEFAULT_TARGET]
+    assert lib.server_flags("none", ["--model-path", "m"]) == ["--model-path", "m"]

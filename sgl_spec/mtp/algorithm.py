@@ -36,17 +36,20 @@ class MtpSettings:
 
 
 def resolve_adapter_path(value: str | None) -> str:
-    from sgl_spec.models.registry import SHIPPED_MODELS
+    from sgl_spec.models.registry import resolve_model_path
 
     if value is None:
         raise ValueError(
             "MTP_LORA needs --mtp-lora-path (an adapter directory trained with"
             " `python -m sgl_spec.mtp.train`); launch through `python -m sgl_spec.launch_server`"
         )
-    path = SHIPPED_MODELS.get(value, Path(value).expanduser())
-    if not (Path(path) / "adapter_config.json").is_file():
+    try:
+        path = Path(resolve_model_path(value))
+    except ValueError as exc:
+        raise ValueError(f"--mtp-lora-path: {exc}") from exc
+    if not (path / "adapter_config.json").is_file():
         raise ValueError(f"--mtp-lora-path: {value!r} has no adapter_config.json")
-    return str(Path(path).resolve())
+    return str(path)
 
 
 def load_settings(config: SpecConfig) -> MtpSettings:

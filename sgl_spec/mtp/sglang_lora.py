@@ -105,25 +105,21 @@ def _wrap_embedding(module: nn.Module, adapter: GatedLoRA) -> None:
     module.forward = forward
 
 
-def load_adapter_tensors(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(adapter config as a dict, state-dict tensors); ``AdapterError`` names a bad file."""
+def install_gated_lora(
+    model: nn.Module,
+    path: str | Path,
+    hf_config: object,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> GatedLoRA:
+    """Wrap an SGLang Llama/Qwen3-style model's projections and embedding with the adapter.
+
+    ``load_adapter`` checks the files and every shape against the model's HF config; what is
+    left to check here is that SGLang's fused modules split the way the HF projections do."""
     from sgl_spec.mtp.adapter_io import load_adapter
 
-    adapter, config = load_adapter(path)
-    tensors = {k: v.detach() for k, v in adapter.state_dict().items()}
-    return config.to_dict(), tensors
-
-
-def install_gated_lora(
-    model: nn.Module, path: str | Path, *, dtype: torch.dtype, device: torch.device
-) -> GatedLoRA:
-    """Wrap an SGLang Llama/Qwen3-style model's projections and embedding with the adapter."""
-    config, tensors = load_adapter_tensors(path)
-    try:
-        rank, alpha, k_max = int(config["rank"]), float(config["alpha"]), int(config["k_max"])
-        modules = set(config["target_modules"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"--mtp-lora-path: adapter_config.json lacks a valid {exc}") from exc
+    loaded, config = load_adapter(path, hf_config)
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or not hasattr(inner, "embed_tokens"):
@@ -131,43 +127,30 @@ def install_gated_lora(
             f"MTP_LORA: model {type(model).__name__} has no model.layers/embed_tokens;"
             " only Llama/Qwen3-style decoder models are supported"
         )
-    mask_embeddings = tensors.get("mask_embeddings")
-    hidden = inner.embed_tokens.embedding_dim
-    if mask_embeddings is None or tuple(mask_embeddings.shape) != (k_max, hidden):
-        raise ValueError(
-            f"--mtp-lora-path: mask_embeddings must have shape ({k_max}, {hidden}), got "
-            f"{None if mask_embeddings is None else tuple(mask_embeddings.shape)}"
-        )
-    adapter = GatedLoRA(mask_embeddings.to(device=device, dtype=dtype), k_max)
-    scaling = alpha / rank
+    adapter = GatedLoRA(
+        loaded.mask_embeddings.detach().to(device=device, dtype=dtype), config.k_max
+    )
+    scaling = config.alpha / config.rank
     for i, layer in enumerate(layers):
         for fused, parts in FUSED_MODULES.items():
             owner, attr = fused.split(".")
             target = getattr(getattr(layer, owner), attr)
             factors = []
             for part in parts:
-                if part not in modules:
-                    out_dim = _part_out_dim(target, fused, parts, part)
-                    in_dim = _in_dim(target)
-                    zero_a = torch.zeros(rank, in_dim, dtype=dtype, device=device)
-                    zero_b = torch.zeros(out_dim, rank, dtype=dtype, device=device)
-                    factors.append((zero_a, zero_b))
-                    continue
-                key = f"layers.{i}.{part}"
-                a, b = tensors.get(f"{key}.lora_A"), tensors.get(f"{key}.lora_B")
-                if a is None or b is None:
-                    raise ValueError(f"--mtp-lora-path: adapter lacks {key}.lora_A/lora_B")
+                if part in config.target_modules:
+                    lora = loaded.lora(i, part)
+                    a, b = lora.lora_A.detach(), lora.lora_B.detach()
+                else:  # a projection the adapter leaves alone: zero delta
+                    a = torch.zeros(config.rank, _in_dim(target))
+                    b = torch.zeros(_out_sizes(target, len(parts))[parts.index(part)], config.rank)
                 factors.append((a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)))
             _check_shapes(target, fused, parts, factors)
             name = f"{i}.{fused}"
             adapter.deltas[name] = _Delta(factors, scaling)
             _wrap_linear(target, adapter, name)
-        mlp = layer.mlp
-        dual = getattr(mlp, "dual_gemm", None)
+        dual = getattr(layer.mlp, "dual_gemm", None)
         if dual is not None:  # a fused path would bypass gate_up_proj's forward
             dual.can_run = lambda *args, **kwargs: False
-    if any(k.startswith(f"layers.{len(layers)}.") for k in tensors):
-        raise ValueError(f"--mtp-lora-path: adapter has more layers than the model ({len(layers)})")
     _wrap_embedding(inner.embed_tokens, adapter)
     return adapter
 
@@ -182,10 +165,6 @@ def _out_sizes(module: nn.Module, num_parts: int) -> list[int]:
     if len(sizes) != num_parts:
         raise ValueError(f"MTP_LORA: expected {num_parts} fused outputs, got {list(sizes)}")
     return [int(x) for x in sizes]
-
-
-def _part_out_dim(module: nn.Module, fused: str, parts: tuple[str, ...], part: str) -> int:
-    return _out_sizes(module, len(parts))[parts.index(part)]
 
 
 def _check_shapes(

@@ -85,6 +85,7 @@ class MtpLoraWorker(BaseSpecWorker):
         self.lora: GatedLoRA = install_gated_lora(
             self.model_runner.model,
             settings.adapter_path,
+            self.model_runner.model_config.hf_config,
             dtype=self.model_runner.dtype,
             device=torch.device(self.device),
         )

@@ -52,7 +52,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
     "standalone": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
     "mtp_lora": Algorithm(("--speculative-algorithm", "MTP_LORA"), own_speculative_flags=True),
-    # k chosen per step by the speculation controller; needs --mtp-gamma-table TABLE.json
+    # k chosen per step by the speculation controller (served step times; optional prior
+    # --mtp-gamma-table TABLE.json)
     "mtp_lora_auto": Algorithm(
         ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "auto"), own_speculative_flags=True
     ),

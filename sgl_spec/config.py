@@ -40,11 +40,6 @@ class SpecConfig:
                 raise ConfigError(
                     f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
                 )
-        if self.mtp_k == "auto" and self.mtp_gamma_table is None:
-            raise ConfigError(
-                "--mtp-k auto needs --mtp-gamma-table (the JSON written by"
-                " benchmarks/gamma_tolerance.py on this host)"
-            )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -75,13 +70,15 @@ class SpecConfig:
             dest="mtp_k",
             default=None,
             help="MTP_LORA: drafts per step (0 = no speculation), at most the adapter's k_max;"
-            " 'auto' lets the speculation controller choose per step from --mtp-gamma-table.",
+            " 'auto' lets the speculation controller choose k per step from measured step times"
+            " (and --mtp-gamma-table as a prior, if given) and the running acceptance.",
         )
         group.add_argument(
             "--mtp-gamma-table",
             dest="mtp_gamma_table",
             default=None,
-            help="MTP_LORA with --mtp-k auto: the JSON written by benchmarks/gamma_tolerance.py.",
+            help="MTP_LORA with --mtp-k auto: optional prior, the JSON written by"
+            " benchmarks/gamma_tolerance.py; served step times replace it once measured.",
         )
 
     @classmethod

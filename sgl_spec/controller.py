@@ -12,6 +12,15 @@ fast with γ (§4.1), so the best number of drafts k depends on batch size, cont
 how well drafts are currently accepted. This module is pure (no SGLang): ``GammaTable`` holds τ
 measured by ``benchmarks/gamma_tolerance.py``; ``SpeculationController`` keeps per-position
 acceptance estimates and returns the k with the highest predicted S, or 0 (speculation off).
+
+Online calibration (beyond the paper): an offline τ table times a bare forward, while a served
+step also pays the method's own work (masks, tree attention, acceptance), so the table can be
+far too optimistic for a given serving stack. With ``calibrate_steps > 0`` the controller also
+keeps ``StepTimes``, running step times per batch-size bucket and k, reported by the worker;
+once both T(k) and T(0) are measured in a bucket, S = λ(k)·T(0)/T(k) replaces equation 1 there
+(the measured T(k) already includes drafting, so δ is folded in). Periodic probes keep every
+estimate fresh: a probe of k = 0 refreshes T(0) while speculating, a probe of k > 0 refreshes
+its T(k) and α while speculation is off.
 """
 
 from __future__ import annotations
@@ -174,6 +183,47 @@ class DrafterCost:
         return k + 1
 
 
+# --- measured step times --------------------------------------------------------------------
+
+
+def batch_bucket(batch_size: int) -> int:
+    """Batch sizes share timing statistics per power of two (rounded in log space)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return round(math.log2(batch_size))
+
+
+@dataclass
+class StepTimes:
+    """EWMA of served step seconds per (batch-size bucket, k); a value counts as measured once
+    it has ``min_samples`` observations."""
+
+    ewma_weight: float = 0.2
+    min_samples: int = 3
+    _seconds: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def update(self, batch_size: int, k: int, seconds: float) -> None:
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return  # a clock hiccup says nothing about cost
+        key = (batch_bucket(batch_size), k)
+        count = self._counts.get(key, 0)
+        old = self._seconds.get(key, seconds)
+        # Plain mean for the first observations, then EWMA: early samples are not over-weighted.
+        weight = max(self.ewma_weight, 1.0 / (count + 1))
+        self._seconds[key] = old + weight * (seconds - old)
+        self._counts[key] = count + 1
+
+    def get(self, batch_size: int, k: int) -> float | None:
+        key = (batch_bucket(batch_size), k)
+        if self._counts.get(key, 0) < self.min_samples:
+            return None
+        return self._seconds[key]
+
+    def count(self, batch_size: int, k: int) -> int:
+        return self._counts.get((batch_bucket(batch_size), k), 0)
+
+
 # --- the controller -------------------------------------------------------------------------
 
 
@@ -183,13 +233,20 @@ class ControllerConfig:
     before any observation (one value for every position, or one per position 1..k_max).
     ``ewma_weight``: weight of a new observation in the running α_j. ``margin``: speculate
     only when predicted S > 1 + margin. ``explore_every``: after that many consecutive steps
-    at k = 0, try the best k > 0 once so α can recover (0 never explores)."""
+    at k = 0, try the best k > 0 for ``probe_steps`` steps so α can recover (0 never explores).
+    ``calibrate_steps`` > 0 turns online calibration on: step times count as measured after
+    that many observations, k = 0 is measured first in every batch-size bucket, k without any
+    τ estimate (no table) are measured before use, and while speculating k = 0 is probed for one
+    step every ``explore_every`` steps. ``time_ewma_weight``: weight of a new step time."""
 
     k_max: int = 4
     alpha_prior: float | tuple[float, ...] = 0.7
     ewma_weight: float = 0.05
     margin: float = 0.02
     explore_every: int = 64
+    probe_steps: int = 1
+    calibrate_steps: int = 0
+    time_ewma_weight: float = 0.2
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -209,6 +266,12 @@ class ControllerConfig:
             raise ValueError(f"margin must be >= 0, got {self.margin}")
         if self.explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {self.explore_every}")
+        if self.probe_steps < 1:
+            raise ValueError(f"probe_steps must be >= 1, got {self.probe_steps}")
+        if self.calibrate_steps < 0:
+            raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
+        if not 0.0 < self.time_ewma_weight <= 1.0:
+            raise ValueError(f"time_ewma_weight must lie in (0, 1], got {self.time_ewma_weight}")
 
     def prior(self) -> list[float]:
         if isinstance(self.alpha_prior, (tuple, list)):
@@ -221,7 +284,10 @@ class Decision:
     """What ``SpeculationController`` chose, with the numbers behind it for logging.
 
     ``gamma`` is the tokens per request of the verify forward, ``tau`` = τ(gamma), ``lam`` the
-    predicted acceptance length; ``explore`` marks a k > 0 tried only to refresh α."""
+    predicted acceptance length; ``explore`` marks a k tried only to refresh an estimate.
+    ``source`` says where τ came from: "measured" (served step times, τ = T(0)/T(k)),
+    "table" (the γ table), "prior" (nothing known yet; τ = 1) or "calibrate" (k = 0 run to
+    measure T(0))."""
 
     k: int
     predicted_speedup: float
@@ -229,6 +295,7 @@ class Decision:
     tau: float
     lam: float
     explore: bool = False
+    source: str = "table"
 
 
 class SpeculationController:
@@ -238,26 +305,39 @@ class SpeculationController:
     α_j is estimated conditionally (accepted among the requests that reached draft j) rather
     than as one EWMA of whole accept lengths, so observations made at one k stay valid for
     predicting another. A position beyond the k in use is never observed and keeps its last
-    estimate; exploration probes only from k = 0.
+    estimate. τ comes from the table, or, with online calibration, from measured step times.
 
-    ``predict`` and ``best`` are pure; ``decide``/``choose_k`` add exploration and
-    ``observe`` updates α — the only two places that change state.
+    ``predict`` and ``best`` are pure; ``decide``/``choose_k`` add calibration and probes,
+    ``observe`` updates α and ``observe_step`` the step times -- the only places that change
+    state. ``table`` may be None only with online calibration on.
     """
 
     def __init__(
-        self, table: GammaTable, cost: StepCost, config: ControllerConfig | None = None
+        self, table: GammaTable | None, cost: StepCost, config: ControllerConfig | None = None
     ) -> None:
         self.table = table
         self.cost = cost
         self.config = config or ControllerConfig()
+        if table is None and not self.config.calibrate_steps:
+            raise ValueError("a controller without a γ table needs calibrate_steps > 0")
         largest = cost.tokens_per_step(self.config.k_max)
-        if largest > table.max_gamma:
+        if table is not None and largest > table.max_gamma:
             raise ValueError(
                 f"k_max={self.config.k_max} needs τ at γ={largest} tokens per request, but the "
                 f"table stops at γ={table.max_gamma}; measure larger --gammas or lower k_max"
             )
         self.alphas = self.config.prior()
-        self.num_steps_off = 0
+        self.times = StepTimes(
+            ewma_weight=self.config.time_ewma_weight,
+            min_samples=max(self.config.calibrate_steps, 1),
+        )
+        self.num_steps_off = 0  # consecutive steps at k = 0
+        self.num_steps_on = 0  # consecutive steps at k > 0
+        self._probe: tuple[int, int] | None = None  # (k, steps left)
+
+    @property
+    def calibrating(self) -> bool:
+        return self.config.calibrate_steps > 0
 
     def acceptance_length(self, k: int) -> float:
         """λ(k): 1 (the bonus token) + expected number of accepted drafts."""
@@ -270,8 +350,15 @@ class SpeculationController:
     def predict(self, k: int, batch_size: int, ctx_len: int) -> Decision:
         """Predicted S for exactly ``k`` drafts (k = 0: no speculation, S = 1 by definition)."""
         gamma = self.cost.tokens_per_step(k)
-        tau = self.table.tau(batch_size, ctx_len, gamma)
         lam = self.acceptance_length(k)
+        t0 = self.times.get(batch_size, 0) if self.calibrating else None
+        tk = self.times.get(batch_size, k) if self.calibrating else None
+        if t0 is not None and tk is not None:
+            tau = t0 / tk
+            return Decision(k, lam * tau if k else 1.0, gamma, tau, lam, source="measured")
+        if self.table is None:
+            return Decision(k, lam if k else 1.0, gamma, 1.0, lam, source="prior")
+        tau = self.table.tau(batch_size, ctx_len, gamma)
         if k == 0:
             return Decision(0, 1.0, gamma, tau, lam)
         speedup = predicted_speedup(lam, tau, k, self.cost.delta)
@@ -290,20 +377,56 @@ class SpeculationController:
         return top
 
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
+        if self._probe is not None:
+            k, left = self._probe
+            self._probe = (k, left - 1) if left > 1 else None
+            return replace(self.predict(k, batch_size, ctx_len), explore=True)
+        if self.calibrating:
+            needed = self._calibration_step(batch_size, ctx_len)
+            if needed is not None:
+                return needed
         decision = self.best(batch_size, ctx_len)
+        every = self.config.explore_every
         if decision.k > 0:
             self.num_steps_off = 0
+            self.num_steps_on += 1
+            if self.calibrating and every and self.num_steps_on > every:
+                self.num_steps_on = 0  # refresh T(0): one plain step
+                return replace(self.predict(0, batch_size, ctx_len), explore=True)
             return decision
-        every = self.config.explore_every
+        self.num_steps_on = 0
         if every and self.num_steps_off >= every:
             self.num_steps_off = 0
             explore = self.best(batch_size, ctx_len, min_k=1)
-            return replace(explore, explore=True)
+            return self._start_probe(explore)
         self.num_steps_off += 1
         return decision
 
+    def _calibration_step(self, batch_size: int, ctx_len: int) -> Decision | None:
+        """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
+        turn (a probe long enough to be measured) until all are."""
+        if self.times.get(batch_size, 0) is None:
+            return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
+        if self.table is None:
+            for k in range(1, self.config.k_max + 1):
+                if self.times.get(batch_size, k) is None:
+                    steps = self.times.min_samples - self.times.count(batch_size, k)
+                    return self._start_probe(self.predict(k, batch_size, ctx_len), steps)
+        return None
+
+    def _start_probe(self, decision: Decision, steps: int | None = None) -> Decision:
+        steps = max(steps or 0, self.config.probe_steps)
+        if steps > 1:
+            self._probe = (decision.k, steps - 1)
+        return replace(decision, explore=True)
+
     def choose_k(self, batch_size: int, ctx_len: int) -> int:
         return self.decide(batch_size, ctx_len).k
+
+    def observe_step(self, k: int, batch_size: int, seconds: float) -> None:
+        """A served step with ``k`` drafts for ``batch_size`` requests took ``seconds``."""
+        if self.calibrating:
+            self.times.update(batch_size, k, seconds)
 
     def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
         """Update α from one request's accepted-draft count, or one count per request of a

@@ -13,6 +13,8 @@ from sgl_spec.controller import (
     GammaTable,
     MTPGatedLoRACost,
     SpeculationController,
+    StepTimes,
+    batch_bucket,
     predicted_speedup,
 )
 
@@ -272,8 +274,103 @@ def test_controller_refuses_k_max_beyond_the_table() -> None:
         ({"ewma_weight": 0.0}, "ewma_weight"),
         ({"margin": -0.1}, "margin"),
         ({"explore_every": -1}, "explore_every"),
+        ({"probe_steps": 0}, "probe_steps"),
+        ({"calibrate_steps": -1}, "calibrate_steps"),
+        ({"time_ewma_weight": 1.5}, "time_ewma_weight"),
     ],
 )
 def test_config_validation_names_the_field(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ControllerConfig(**kwargs)
+
+
+# --- online calibration from served step times ----------------------------------------------
+
+
+def step_seconds(k: int, bs: int) -> float:
+    """A compute-bound host: a step costs in proportion to its (k+1)² tokens per request."""
+    return 0.001 * bs * (k + 1) ** 2
+
+
+def run(ctrl: SpeculationController, bs: int, steps: int, seconds=step_seconds) -> list:  # noqa: ANN001
+    decisions = []
+    for _ in range(steps):
+        decision = ctrl.decide(bs, 256)
+        decisions.append(decision)
+        ctrl.observe_step(decision.k, bs, seconds(decision.k, bs))
+    return decisions
+
+
+def test_step_times_average_then_ewma_per_bucket() -> None:
+    times = StepTimes(ewma_weight=0.5, min_samples=2)
+    times.update(16, 2, 1.0)
+    assert times.get(16, 2) is None  # one sample is not a measurement
+    times.update(16, 2, 3.0)
+    assert times.get(16, 2) == pytest.approx(2.0)  # plain mean of the first two
+    times.update(16, 2, 4.0)
+    assert times.get(16, 2) == pytest.approx(3.0)  # then EWMA at weight 0.5
+    assert times.get(14, 2) == pytest.approx(3.0)  # 14 and 16 share the bucket log2 ~ 4
+    assert times.get(8, 2) is None and times.get(16, 1) is None
+    times.update(16, 2, float("nan"))
+    times.update(16, 2, 0.0)
+    assert times.count(16, 2) == 3
+    assert [batch_bucket(b) for b in (1, 2, 3, 5, 6, 32)] == [0, 1, 2, 2, 3, 5]
+
+
+def test_calibration_measures_k0_first_and_corrects_an_optimistic_table() -> None:
+    # The table says speculation is free (τ = 1); the served steps say it is compute-bound.
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=3, explore_every=0)
+    decisions = run(ctrl, 16, 60)
+    assert [d.source for d in decisions[:3]] == ["calibrate"] * 3
+    assert all(d.k == 0 for d in decisions[:3])
+    assert decisions[3].k == 4 and decisions[3].source == "table"
+    # Each k the table favours is used until measured, then dropped: S = λ(k) / (k+1)² < 1.
+    tried = {d.k for d in decisions if d.k}
+    assert tried == {1, 2, 3, 4}
+    assert all(d.k == 0 for d in decisions[-20:])
+    final = ctrl.predict(2, 16, 256)
+    assert final.source == "measured"
+    assert final.tau == pytest.approx(1 / 9)
+
+
+def test_calibration_keeps_speculating_where_steps_are_cheap() -> None:
+    # A pessimistic table (compute-bound) but measured steps cost the same for every k.
+    ctrl = controller(COMPUTE_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    run(ctrl, 16, 2, seconds=lambda k, bs: 0.01)
+    assert ctrl.choose_k(16, 256) == 0  # only T(0) measured: the table still rules k > 0
+    no_table = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    no_table.table = None
+    decisions = run(no_table, 16, 30, seconds=lambda k, bs: 0.01)
+    # Without a table every k is measured (probes of calibrate_steps steps), then k_max wins.
+    assert [d.k for d in decisions[:10]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(d.k == 4 and d.source == "measured" for d in decisions[10:])
+
+
+def test_controller_without_table_needs_calibration() -> None:
+    with pytest.raises(ValueError, match="calibrate_steps"):
+        SpeculationController(None, MTPGatedLoRACost(), ControllerConfig())
+    ctrl = SpeculationController(None, MTPGatedLoRACost(), ControllerConfig(calibrate_steps=1))
+    assert ctrl.decide(4, 128).source == "calibrate"
+
+
+def test_calibration_is_per_batch_size_bucket() -> None:
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    run(ctrl, 1, 20, seconds=lambda k, bs: 0.01)  # bs 1: every k costs the same
+    assert ctrl.choose_k(1, 256) == 4
+    first_at_32 = run(ctrl, 32, 2)
+    assert [d.source for d in first_at_32] == ["calibrate", "calibrate"]
+    run(ctrl, 32, 40)
+    assert ctrl.choose_k(32, 256) == 0  # compute-bound at bs 32
+    assert ctrl.predict(4, 1, 256).tau == pytest.approx(1.0)  # bs 1 keeps its own times
+
+
+def test_speculating_controller_refreshes_t0_and_probes_from_k0() -> None:
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=1, explore_every=4)
+    decisions = run(ctrl, 8, 12, seconds=lambda k, bs: 0.01)
+    ks = [d.k for d in decisions]
+    assert ks[0] == 0  # calibration
+    refresh = [i for i, d in enumerate(decisions) if d.explore and d.k == 0]
+    assert refresh == [5, 10]  # one plain step after every 4 speculative steps
+    off = controller(COMPUTE_BOUND, alpha_prior=0.9, explore_every=3, probe_steps=2)
+    probes = [d.k > 0 for d in (off.decide(16, 512) for _ in range(10))]
+    assert probes == [False, False, False, True, True, False, False, False, True, True]

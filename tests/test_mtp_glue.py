@@ -53,8 +53,7 @@ def test_mtp_flags_are_ours_and_validated() -> None:
         SpecConfig(mtp_k="many")
     with pytest.raises(ConfigError, match="--mtp-k"):
         SpecConfig(mtp_k="99")
-    with pytest.raises(ConfigError, match="--mtp-gamma-table"):
-        SpecConfig(mtp_k="auto")
+    assert SpecConfig(mtp_k="auto").mtp_gamma_table is None  # online calibration needs no table
     assert SpecConfig.from_env({"SGLSPEC_CONFIG": SpecConfig(mtp_k="3").to_env()}).mtp_k == "3"
 
 
@@ -90,3 +89,16 @@ def test_bench_mtp_lora_drops_pass_through_speculative_flags() -> None:
     assert "--speculative-draft-model-path" not in flags
     assert flags[-2:] == ["--speculative-algorithm", "MTP_LORA"]
     assert "--mtp-k" in flags
+
+
+def test_auto_controller_calibrates_online_with_an_optional_table(tmp_path: Path) -> None:
+    from sgl_spec.mtp.algorithm import build_controller
+
+    online = build_controller(None, 3, 0.6)
+    assert online.table is None and online.calibrating
+    assert online.decide(4, 128).source == "calibrate"  # T(0) is measured first
+    with pytest.raises(ValueError, match="--mtp-gamma-table"):
+        build_controller(str(tmp_path / "missing.json"), 3, 0.6)
+    (tmp_path / "bad.json").write_text('{"points": []}')
+    with pytest.raises(ValueError, match="--mtp-gamma-table"):
+        build_controller(str(tmp_path / "bad.json"), 3, 0.6)

@@ -89,6 +89,12 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
     return tuple(min(max(a, 0.0), 1.0) for a in conditional)
 
 
+# Online calibration (sgl_spec/controller.py): T(k) counts as measured after this many served
+# steps; probes last two steps so that the second verifies real drafts and updates α.
+CALIBRATE_STEPS = 3
+PROBE_STEPS = 2
+
+
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
     from sgl_spec.controller import (
         ControllerConfig,
@@ -97,14 +103,24 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
         SpeculationController,
     )
 
-    if table_path is None or not Path(table_path).is_file():
-        raise ValueError(f"--mtp-gamma-table: {table_path!r} is not a file")
+    table = None
+    if table_path is not None:
+        if not Path(table_path).is_file():
+            raise ValueError(f"--mtp-gamma-table: {table_path!r} is not a file")
+        try:
+            table = GammaTable.load(table_path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--mtp-gamma-table: cannot use {table_path}: {exc}") from exc
+    config = ControllerConfig(
+        k_max=k_max,
+        alpha_prior=prior,
+        calibrate_steps=CALIBRATE_STEPS,
+        probe_steps=PROBE_STEPS,
+    )
     try:
-        table = GammaTable.load(table_path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"--mtp-gamma-table: cannot use {table_path}: {exc}") from exc
-    config = ControllerConfig(k_max=k_max, alpha_prior=prior)
-    return SpeculationController(table, MTPGatedLoRACost(), config)
+        return SpeculationController(table, MTPGatedLoRACost(), config)
+    except ValueError as exc:
+        raise ValueError(f"--mtp-gamma-table: {exc}") from exc
 
 
 def runtime_settings(model_runner: Any) -> MtpSettings:

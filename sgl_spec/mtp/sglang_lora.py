@@ -7,7 +7,7 @@ LoRA deltas, and only on the gated rows: the rows of anchors are never touched, 
 verifier bit-identical to the base model. Mask tokens get the adapter's own embeddings (the
 shipped target ties its embedding to the LM head, so base rows must stay as they are).
 
-The gate is per forward: the worker sets it with ``GatedLoRA.gates(rows, mask_index)`` around
+The gate is per forward: the worker sets it with ``GatedLoRA.gates(width, first_gated, ...)`` around
 the forward; outside that context every wrapped module is the base module. Tensor parallelism is
 not supported (the worker refuses tp > 1 at start-up).
 """
@@ -31,24 +31,40 @@ FUSED_MODULES = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Gate:
-    rows: torch.Tensor | None = None  # [num_gated] flat token rows of this forward
-    mask_index: torch.Tensor | None = None  # [num_gated] which mask embedding, 0-based
+    """Which rows of a forward take the LoRA path.
+
+    The flat token rows come in blocks of ``width`` (one block per request, the step layout of
+    ``sgl_spec/mtp/layout.py``); in every block the rows from ``first_gated`` on are mask tokens.
+    Describing the gate by this pattern instead of a row list lets every wrapped module read and
+    update the gated rows through strided views, without index gathers and scatters."""
+
+    width: int = 0
+    first_gated: int = 0
+    mask_index: torch.Tensor | None = None  # [width - first_gated] mask embedding, 0-based
+
+    @property
+    def active(self) -> bool:
+        return self.width > self.first_gated
 
 
 class _Delta(nn.Module):
-    """LoRA factors of one fused module: deltas are concatenated along the output dim."""
+    """LoRA factors of one fused module as two matrices: ``A`` stacks the parts' down
+    projections, ``B`` is block-diagonal, so the concatenated delta is ``(x Aᵀ) Bᵀ`` -- two
+    matmuls per module instead of two per part and a concatenation."""
 
-    def __init__(self, factors: list[tuple[torch.Tensor, torch.Tensor]], scaling: float) -> None:
+    def __init__(
+        self, factors: list[tuple[torch.Tensor, torch.Tensor]], scaling: float, dtype: torch.dtype
+    ) -> None:
         super().__init__()
-        self.a = nn.ParameterList([nn.Parameter(a, requires_grad=False) for a, _ in factors])
-        self.b = nn.ParameterList([nn.Parameter(b, requires_grad=False) for _, b in factors])
-        self.scaling = scaling
+        a = torch.cat([a for a, _ in factors], dim=0)  # [sum(rank), in]
+        b = torch.block_diag(*[b for _, b in factors]) * scaling  # [sum(out), sum(rank)]
+        self.a = nn.Parameter(a.to(dtype), requires_grad=False)
+        self.b = nn.Parameter(b.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
-        parts = [(x @ a.t()) @ b.t() for a, b in zip(self.a, self.b, strict=True)]
-        return torch.cat(parts, dim=-1) * self.scaling
+        return (x.to(self.a.dtype) @ self.a.t()) @ self.b.t()
 
 
 class GatedLoRA:
@@ -61,27 +77,45 @@ class GatedLoRA:
         self.deltas: dict[str, _Delta] = {}
 
     @contextlib.contextmanager
-    def gates(self, rows: torch.Tensor, mask_index: torch.Tensor) -> Iterator[None]:
-        """rows: [num_gated] flat token rows on the LoRA path; mask_index: [num_gated]."""
-        self._gate = _Gate(rows, mask_index)
+    def gates(self, width: int, first_gated: int, mask_index: torch.Tensor) -> Iterator[None]:
+        """Gate rows ``first_gated..width-1`` of every block of ``width`` flat rows.
+
+        mask_index: [width - first_gated] which mask embedding each gated row of a block gets."""
+        if not 0 <= first_gated <= width or mask_index.shape != (width - first_gated,):
+            raise ValueError(
+                f"gates: need 0 <= first_gated <= width and one mask index per gated row; got "
+                f"{width=}, {first_gated=}, mask_index of shape {tuple(mask_index.shape)}"
+            )
+        self._gate = _Gate(width, first_gated, mask_index)
         try:
             yield
         finally:
             self._gate = _Gate()
 
+    def _gated_view(self, t: torch.Tensor) -> torch.Tensor:
+        """[n, d] -> [n / width, width - first_gated, d] view of the gated rows."""
+        gate = self._gate
+        if t.shape[0] % gate.width:
+            raise RuntimeError(
+                f"MTP_LORA: {t.shape[0]} rows do not split into steps of width {gate.width}"
+            )
+        return t.view(-1, gate.width, t.shape[-1])[:, gate.first_gated :]
+
     def _add_delta(self, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        rows = self._gate.rows
-        if rows is None or rows.numel() == 0:
+        if not self._gate.active:
             return out
-        delta = self.deltas[name](x.index_select(0, rows).to(self.mask_embeddings.dtype))
-        return out.index_add(0, rows, delta.to(out.dtype))
+        gated_x = self._gated_view(x)
+        delta = self.deltas[name](gated_x.reshape(-1, x.shape[-1]))
+        # In place: ``out`` is the base projection's fresh output; anchor rows are untouched.
+        self._gated_view(out).add_(delta.view(gated_x.shape[0], gated_x.shape[1], -1).to(out.dtype))
+        return out
 
     def _embed(self, out: torch.Tensor) -> torch.Tensor:
-        rows = self._gate.rows
-        if rows is None or rows.numel() == 0:
+        if not self._gate.active:
             return out
         emb = self.mask_embeddings.index_select(0, self._gate.mask_index).to(out.dtype)
-        return out.index_copy(0, rows, emb)
+        self._gated_view(out).copy_(emb.expand(out.shape[0] // self._gate.width, -1, -1))
+        return out
 
 
 def _wrap_linear(module: nn.Module, adapter: GatedLoRA, name: str) -> None:
@@ -130,6 +164,9 @@ def install_gated_lora(
     adapter = GatedLoRA(
         loaded.mask_embeddings.detach().to(device=device, dtype=dtype), config.k_max
     )
+    # Half-precision matmuls of this size are slow on CPUs; the masks' path only drafts, so its
+    # precision never affects what is emitted.
+    delta_dtype = torch.float32 if device.type == "cpu" else dtype
     scaling = config.alpha / config.rank
     for i, layer in enumerate(layers):
         for fused, parts in FUSED_MODULES.items():
@@ -143,10 +180,10 @@ def install_gated_lora(
                 else:  # a projection the adapter leaves alone: zero delta
                     a = torch.zeros(config.rank, _in_dim(target))
                     b = torch.zeros(_out_sizes(target, len(parts))[parts.index(part)], config.rank)
-                factors.append((a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)))
+                factors.append((a.to(device, torch.float32), b.to(device, torch.float32)))
             _check_shapes(target, fused, parts, factors)
             name = f"{i}.{fused}"
-            adapter.deltas[name] = _Delta(factors, scaling)
+            adapter.deltas[name] = _Delta(factors, scaling, delta_dtype)
             _wrap_linear(target, adapter, name)
         dual = getattr(layer.mlp, "dual_gemm", None)
         if dual is not None:  # a fused path would bypass gate_up_proj's forward

@@ -138,13 +138,14 @@ class MtpLoraWorker(BaseSpecWorker):
         """Cached device tensors of the step layout for k drafts."""
         if k not in self._layouts:
             lay = mtp_layout_mod.mtp_layout(k).to(self.device)
-            mask_slots = torch.nonzero(lay.is_mask).flatten()
+            # The gate is the contiguous tail of each request's block (layout contract).
+            if not bool(lay.is_mask[k + 1 :].all()) or bool(lay.is_mask[: k + 1].any()):
+                raise RuntimeError("MTP_LORA: layout must put the k+1 anchors first")
             group_slots = torch.stack([lay.mask_slots(i) for i in range(k + 1)])
             self._layouts[k] = (
                 lay,
                 lay.position_offsets.to(torch.int64),
-                mask_slots,
-                lay.mask_index[mask_slots].to(torch.int64),
+                lay.mask_index[k + 1 :].to(torch.int64),
                 group_slots.to(torch.int64).reshape(k + 1, k),
             )
         return self._layouts[k]
@@ -153,7 +154,7 @@ class MtpLoraWorker(BaseSpecWorker):
         state: MtpDraftInput = batch.spec_info
         bs = len(batch.reqs)
         k = self._choose_k(batch)
-        lay, offsets, mask_slots, mask_index, group_slots = self._layout(k)
+        lay, offsets, mask_index, group_slots = self._layout(k)
         width = lay.width
         seq_lens = batch.seq_lens.to(torch.int64)  # committed KV length; the bonus sits here
         drafts = pad_drafts(state.drafts.to(self.device, torch.int64), k)  # [bs, k]
@@ -163,13 +164,19 @@ class MtpLoraWorker(BaseSpecWorker):
         slots = seq_lens[:, None] + torch.arange(width, device=self.device)[None, :]
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], slots]
-        custom_mask = mtp_layout_mod.tree_mask(lay, bs, int(self._mask_mode()), seq_lens=seq_lens)
-        forward_batch = self._make_forward_batch(
-            batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
-        )
-        rows = (torch.arange(bs, device=self.device)[:, None] * width + mask_slots[None]).flatten()
+        if k == 0:  # speculation off: SGLang's plain decode forward of the bonus token
+            forward_batch = self._make_decode_batch(
+                batch, input_ids, positions[:, 0], out_cache_loc[:, 0].to(torch.int64)
+            )
+        else:
+            custom_mask = mtp_layout_mod.tree_mask(
+                lay, bs, int(self._mask_mode()), seq_lens=seq_lens
+            )
+            forward_batch = self._make_forward_batch(
+                batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
+            )
         tic = time.perf_counter()
-        with self.lora.gates(rows, mask_index.repeat(bs)):
+        with self.lora.gates(width, k + 1, mask_index):
             out = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True
             )
@@ -184,10 +191,11 @@ class MtpLoraWorker(BaseSpecWorker):
             compute_spec_logprobs(
                 batch, logits_output, result.tokens.reshape(-1), chain_stride=k + 1
             )
+        num_accepted = result.num_accepted.tolist()  # host sync: the step's work is done
         elapsed = time.perf_counter() - tic
         accept_lens = (result.num_accepted + 1).to(torch.int32)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
-        self._observe(k, bs, result, state.num_real, elapsed)
+        self._observe(k, num_accepted, state.num_real, elapsed)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=result.tokens.to(torch.int32).reshape(-1),
@@ -218,21 +226,50 @@ class MtpLoraWorker(BaseSpecWorker):
         custom_mask: torch.Tensor,
         width: int,
     ) -> ForwardBatch:
+        """TARGET_VERIFY over the step layout: ``seq_lens`` stay the committed lengths."""
         positions = positions.reshape(-1)
         spec_info = MtpForwardInput(
             positions=positions, custom_mask=custom_mask, draft_token_num=width
         )
+        return self._forward_batch(
+            batch, ForwardMode.TARGET_VERIFY, input_ids, positions, out_cache_loc, spec_info, width
+        )
+
+    def _make_decode_batch(
+        self,
+        batch,  # noqa: ANN001
+        input_ids: torch.Tensor,  # [bs] bonus tokens
+        positions: torch.Tensor,  # [bs] = committed lengths
+        out_cache_loc: torch.Tensor,  # [bs] KV slot of each bonus token
+    ) -> ForwardBatch:
+        """The forward a non-speculative decode step runs: one token per request, decode
+        attention, no custom mask, no gated rows -- so k = 0 costs what ``none`` costs.
+        Decode's ``seq_lens`` include the new token."""
+        return self._forward_batch(
+            batch, ForwardMode.DECODE, input_ids, positions, out_cache_loc, None, 1, new_lens=True
+        )
+
+    def _forward_batch(
+        self,
+        batch,  # noqa: ANN001
+        mode: ForwardMode,
+        input_ids: torch.Tensor,  # [bs, width] or [bs]
+        positions: torch.Tensor,  # [bs * width]
+        out_cache_loc: torch.Tensor,  # [bs, width] or [bs]
+        spec_info: MtpForwardInput | None,
+        width: int,
+        new_lens: bool = False,  # seq_lens include this forward's tokens (decode's convention)
+    ) -> ForwardBatch:
         seq_lens_cpu = batch.seq_lens_cpu
+        bs = len(batch.reqs)
         forward_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=len(batch.reqs),
+            forward_mode=mode,
+            batch_size=bs,
             input_ids=input_ids.reshape(-1),
             req_pool_indices=batch.req_pool_indices,
-            seq_lens=batch.seq_lens,
+            seq_lens=batch.seq_lens + width if new_lens else batch.seq_lens,
             out_cache_loc=out_cache_loc.reshape(-1),
-            seq_lens_sum=None
-            if seq_lens_cpu is None
-            else int(seq_lens_cpu.sum()) + width * len(batch.reqs),
+            seq_lens_sum=None if seq_lens_cpu is None else int(seq_lens_cpu.sum()) + width * bs,
             seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu + width,
             positions=positions,
             spec_algorithm=batch.spec_algorithm,
@@ -301,18 +338,19 @@ class MtpLoraWorker(BaseSpecWorker):
     def _observe(
         self,
         k: int,
-        bs: int,
-        result: ChainResult,
+        num_accepted: list[int],  # per request
         num_real: torch.Tensor,  # [bs] drafts that came from masks (not padding)
         seconds: float,
     ) -> None:
-        accepted = int(result.num_accepted.sum())
-        self.stats.record(k, bs, accepted, seconds)
-        if self.controller is not None and k > 0:
-            # Only requests whose k drafts all came from masks say anything about α.
-            real = (num_real.to(result.num_accepted.device) >= k).tolist()
-            counts = [a for a, ok in zip(result.num_accepted.tolist(), real, strict=True) if ok]
-            if counts:
-                self.controller.observe(k, counts)
+        bs = len(num_accepted)
+        self.stats.record(k, bs, sum(num_accepted), seconds)
+        if self.controller is not None:
+            self.controller.observe_step(k, bs, seconds)
+            if k > 0:
+                # Only requests whose k drafts all came from masks say anything about α.
+                real = (num_real >= k).tolist()
+                counts = [a for a, ok in zip(num_accepted, real, strict=True) if ok]
+                if counts:
+                    self.controller.observe(k, counts)
         if self.stats.steps % LOG_EVERY_STEPS == 0:
             logger.info(self.stats.summary())

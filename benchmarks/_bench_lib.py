@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,9 +101,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--timeout", type=float, default=900.0, help="seconds for a server start, and for a bench"
     )
     parser.add_argument("--log-dir", default=None, help="server / bench logs (default: a tmp dir)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="serve every algorithm this many times, alternating the order (A B C, C B A, ...)"
+        " so that a drift in host load hits all alike; metrics are the median over rounds",
+    )
     args, extra = parser.parse_known_args(argv)
     args.algorithms = parse_algorithms(args.algorithms)
-    for name in ("num_prompts", "max_concurrency", "output_len", "input_len"):
+    for name in ("num_prompts", "max_concurrency", "output_len", "input_len", "rounds"):
         if getattr(args, name) < 1:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
     for flag in RESERVED_FLAGS:
@@ -191,6 +199,34 @@ def add_ratios(runs: list[dict]) -> None:
         run["ratios"] = ratios
 
 
+def round_orders(algorithms: list[str], rounds: int) -> list[list[str]]:
+    """Visit order per round: forward, backward, forward, ..."""
+    return [list(algorithms) if r % 2 == 0 else list(reversed(algorithms)) for r in range(rounds)]
+
+
+def combine_rounds(runs: list[dict]) -> dict:
+    """One algorithm's result from its rounds: the median of each metric, the first round's
+    greedy ids, and ``greedy_rounds_equal`` (every round produced the same ids). Any failed
+    round fails the algorithm; the per-round metrics stay under ``rounds``."""
+    if len(runs) == 1:
+        return runs[0]
+    combined: dict = {"algorithm": runs[0]["algorithm"]}
+    errors = [run["error"] for run in runs if "error" in run]
+    if errors:
+        combined["error"] = errors[0]
+        return combined
+    for metric in (*BENCH_METRICS, "mean_accept_length"):
+        values = [run.get(metric) for run in runs]
+        combined[metric] = None if None in values else statistics.median(values)
+    ids = [run.get("greedy_output_ids") for run in runs]
+    combined["greedy_output_ids"] = ids[0]
+    combined["greedy_rounds_equal"] = all(i == ids[0] for i in ids)
+    combined["rounds"] = [
+        {k: v for k, v in run.items() if k != "greedy_output_ids"} for run in runs
+    ]
+    return combined
+
+
 def assemble(command: str, host: dict, algorithms: list[str], runs: list[dict]) -> dict:
     """The result JSON: greedy equality against a non-speculative first run, then ratios.
 
@@ -201,6 +237,8 @@ def assemble(command: str, host: dict, algorithms: list[str], runs: list[dict]) 
         ids = run.pop("greedy_output_ids", None)
         if "error" not in run:
             equal = None if i == 0 or reference is None or ids is None else ids == reference
+            if equal is not None and run.get("greedy_rounds_equal") is False:
+                equal = False  # some round differed from the round compared here
             run["greedy_equal_baseline"] = equal
     add_ratios(runs)
     return {"command": command, "host": host, "runs": runs}

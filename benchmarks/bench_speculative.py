@@ -30,6 +30,7 @@ from _bench_lib import (
     BenchError,
     assemble,
     bench_serving_argv,
+    combine_rounds,
     format_table,
     host_info,
     mean_or_none,
@@ -37,6 +38,7 @@ from _bench_lib import (
     parse_args,
     parse_bench_result,
     pick_accept_length,
+    round_orders,
     server_flags,
 )
 
@@ -143,7 +145,12 @@ def main(argv: list[str]) -> int:
     command = shlex.join([sys.executable, os.path.relpath(__file__), *argv])
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench_speculative_"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    runs = [run_algorithm(i, name, args, extra, log_dir) for i, name in enumerate(args.algorithms)]
+    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+    for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+        for name in order:
+            index = round_i * len(args.algorithms) + args.algorithms.index(name)
+            per_algorithm[name].append(run_algorithm(index, name, args, extra, log_dir))
+    runs = [combine_rounds(per_algorithm[name]) for name in args.algorithms]
     result = assemble(command, host_info(), args.algorithms, runs)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -151,6 +158,8 @@ def main(argv: list[str]) -> int:
     print(command)
     print(f"host: {json.dumps(result['host'])}")
     print(f"ratios x = run / {args.algorithms[0]}; greedy= : greedy ids equal the first run's")
+    if args.rounds > 1:
+        print(f"metrics: median over {args.rounds} rounds (order alternates)")
     print(format_table(result["runs"]))
     return 1 if any("error" in run for run in runs) else 0
 

@@ -79,6 +79,7 @@ def test_parse_args_does_not_swallow_abbreviations() -> None:
         (["--algorithms", "none", "--port", "30000"], "--port is chosen by the benchmark"),
         (["--algorithms", "standalone", "--speculative-algorithm=EAGLE"], "set by --algorithms"),
         (["--algorithms", "none", "--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--algorithms", "none", "--rounds", "0"], "--rounds must be >= 1"),
     ],
 )
 def test_bad_command_lines_are_refused(argv: list[str], message: str) -> None:
@@ -263,6 +264,48 @@ def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> 
     assert [r["algorithm"] for r in result["runs"]] == ["none", "standalone"]
     fakes["standalone"] = fake_run("standalone", 20.0, [[1]], 2.0)
     assert bench.main(argv) == 0
+
+
+def test_rounds_alternate_order_and_take_the_median(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    assert lib.round_orders(["a", "b", "c"], 3) == [
+        ["a", "b", "c"],
+        ["c", "b", "a"],
+        ["a", "b", "c"],
+    ]
+    visits, speed = [], {"none": iter([10.0, 14.0, 12.0]), "standalone": iter([30.0, 20.0, 22.0])}
+
+    def fake(index: int, name: str, *_args) -> dict:  # noqa: ANN002
+        visits.append((index, name))
+        return fake_run(name, next(speed[name]), [[1, 2]], None if name == "none" else 2.0)
+
+    monkeypatch.setattr(bench, "run_algorithm", fake)
+    monkeypatch.setattr(bench, "host_info", lambda: dict.fromkeys(HOST_KEYS, "h"))
+    out = tmp_path / "out.json"
+    argv = ["--algorithms", "none,standalone", "--rounds", "3", "--json", str(out)]
+    assert bench.main([*argv, "--log-dir", str(tmp_path)]) == 0
+    assert visits == [
+        (0, "none"),
+        (1, "standalone"),
+        (3, "standalone"),
+        (2, "none"),
+        (4, "none"),
+        (5, "standalone"),
+    ]
+    none, standalone = json.loads(out.read_text())["runs"]
+    assert (none["output_throughput"], standalone["output_throughput"]) == (12.0, 22.0)
+    assert standalone["ratios"]["output_throughput"] == pytest.approx(22.0 / 12.0)
+    assert standalone["greedy_equal_baseline"] is True
+    assert [r["output_throughput"] for r in standalone["rounds"]] == [30.0, 20.0, 22.0]
+
+
+def test_a_round_with_other_greedy_ids_breaks_equality() -> None:
+    runs = [fake_run("standalone", 1.0, [[1]], 2.0), fake_run("standalone", 1.0, [[2]], 2.0)]
+    combined = lib.combine_rounds(runs)
+    assert combined["greedy_rounds_equal"] is False
+    result = lib_assemble(["none", "standalone"], [fake_run("none", 1.0, [[1]]), combined])
+    assert result["runs"][1]["greedy_equal_baseline"] is False
+    failed = lib.combine_rounds([runs[0], {"algorithm": "standalone", "error": "boom"}])
+    assert failed == {"algorithm": "standalone", "error": "boom"}
 
 
 def lib_assemble(algorithms: list[str], runs: list[dict]) -> dict:

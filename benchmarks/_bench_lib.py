@@ -52,7 +52,10 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
     "standalone": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
-    "mtp_lora": Algorithm(("--speculative-algorithm", "MTP_LORA"), own_speculative_flags=True),
+    # fixed k (the shipped adapter's k_max is 4); --mtp-k on the command line overrides it
+    "mtp_lora": Algorithm(
+        ("--speculative-algorithm", "MTP_LORA"), (("--mtp-k", "2"),), own_speculative_flags=True
+    ),
     # k chosen per step by the speculation controller (served step times; optional prior
     # --mtp-gamma-table TABLE.json)
     "mtp_lora_auto": Algorithm(

@@ -237,7 +237,10 @@ class ControllerConfig:
     ``calibrate_steps`` > 0 turns online calibration on: step times count as measured after
     that many observations, k = 0 is measured first in every batch-size bucket, k without any
     τ estimate (no table) are measured before use, and while speculating k = 0 is probed for one
-    step every ``explore_every`` steps. ``time_ewma_weight``: weight of a new step time."""
+    step every ``explore_every`` steps. ``time_ewma_weight``: weight of a new step time.
+    ``switch_on_margin``: extra margin to turn speculation on while it is off -- the first
+    step after k = 0 has no drafts to verify (it pays T(k) for one token), so a marginal
+    predicted gain would be eaten by switching back and forth."""
 
     k_max: int = 4
     alpha_prior: float | tuple[float, ...] = 0.7
@@ -247,6 +250,7 @@ class ControllerConfig:
     probe_steps: int = 1
     calibrate_steps: int = 0
     time_ewma_weight: float = 0.2
+    switch_on_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -264,6 +268,8 @@ class ControllerConfig:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
         if self.margin < 0:
             raise ValueError(f"margin must be >= 0, got {self.margin}")
+        if self.switch_on_margin < 0:
+            raise ValueError(f"switch_on_margin must be >= 0, got {self.switch_on_margin}")
         if self.explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {self.explore_every}")
         if self.probe_steps < 1:
@@ -364,15 +370,17 @@ class SpeculationController:
         speedup = predicted_speedup(lam, tau, k, self.cost.delta)
         return Decision(k, speedup, gamma, tau, lam)
 
-    def best(self, batch_size: int, ctx_len: int, min_k: int = 0) -> Decision:
+    def best(
+        self, batch_size: int, ctx_len: int, min_k: int = 0, extra_margin: float = 0.0
+    ) -> Decision:
         """The k >= ``min_k`` of highest predicted S; with ``min_k`` 0, k = 0 unless some
-        k beats 1 + margin."""
+        k beats 1 + margin + ``extra_margin``."""
         candidates = [
             self.predict(k, batch_size, ctx_len)
             for k in range(max(min_k, 1), self.config.k_max + 1)
         ]
         top = max(candidates, key=lambda d: d.predicted_speedup)
-        if min_k == 0 and top.predicted_speedup <= 1.0 + self.config.margin:
+        if min_k == 0 and top.predicted_speedup <= 1.0 + self.config.margin + extra_margin:
             return self.predict(0, batch_size, ctx_len)
         return top
 
@@ -385,13 +393,14 @@ class SpeculationController:
             needed = self._calibration_step(batch_size, ctx_len)
             if needed is not None:
                 return needed
-        decision = self.best(batch_size, ctx_len)
+        extra = 0.0 if self.num_steps_on else self.config.switch_on_margin
+        decision = self.best(batch_size, ctx_len, extra_margin=extra)
         every = self.config.explore_every
         if decision.k > 0:
             self.num_steps_off = 0
             self.num_steps_on += 1
-            if self.calibrating and every and self.num_steps_on > every:
-                self.num_steps_on = 0  # refresh T(0): one plain step
+            if self.calibrating and every and self.num_steps_on % (every + 1) == 0:
+                # refresh T(0) with one plain step; speculation stays on
                 return replace(self.predict(0, batch_size, ctx_len), explore=True)
             return decision
         self.num_steps_on = 0

@@ -374,3 +374,16 @@ def test_speculating_controller_refreshes_t0_and_probes_from_k0() -> None:
     off = controller(COMPUTE_BOUND, alpha_prior=0.9, explore_every=3, probe_steps=2)
     probes = [d.k > 0 for d in (off.decide(16, 512) for _ in range(10))]
     assert probes == [False, False, False, True, True, False, False, False, True, True]
+
+
+def test_switch_on_margin_is_hysteresis() -> None:
+    # MODERATE, k=1: S = (1 + α)/sqrt(2): α = 0.6 -> 1.131, α = 0.43 -> 1.011.
+    config = {"k_max": 1, "margin": 0.0, "switch_on_margin": 0.05, "explore_every": 0}
+    on = controller(MODERATE, alpha_prior=0.6, **config)
+    assert on.choose_k(1, 128) == 1
+    on.alphas = [0.43]
+    assert on.choose_k(1, 128) == 1  # already speculating: a marginal gain keeps it on
+    off = controller(MODERATE, alpha_prior=0.43, **config)
+    assert all(off.choose_k(1, 128) == 0 for _ in range(5))  # not worth switching on
+    with pytest.raises(ValueError, match="switch_on_margin"):
+        ControllerConfig(switch_on_margin=-1.0)

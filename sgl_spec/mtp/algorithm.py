@@ -90,9 +90,13 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
 
 
 # Online calibration (sgl_spec/controller.py): T(k) counts as measured after this many served
-# steps; probes last two steps so that the second verifies real drafts and updates α.
+# steps; probes last two steps so that the second verifies real drafts and updates α. A probe
+# or a switch back on costs a step without drafts, hence rare probes and a margin to switch on.
 CALIBRATE_STEPS = 3
 PROBE_STEPS = 2
+EXPLORE_EVERY = 256
+MARGIN = 0.05
+SWITCH_ON_MARGIN = 0.10
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
@@ -116,6 +120,9 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
         alpha_prior=prior,
         calibrate_steps=CALIBRATE_STEPS,
         probe_steps=PROBE_STEPS,
+        explore_every=EXPLORE_EVERY,
+        margin=MARGIN,
+        switch_on_margin=SWITCH_ON_MARGIN,
     )
     try:
         return SpeculationController(table, MTPGatedLoRACost(), config)

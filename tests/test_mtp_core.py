@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import build_corpus
 
 from sgl_spec.models.export import load_model_dir
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
@@ -313,24 +314,12 @@ def test_config_errors_name_the_field(kwargs, field):
 # --- training CLI smoke run -----------------------------------------------------------------
 
 
-def _tiny_corpus(root: Path) -> Path:
-    import sysconfig
-
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    root.mkdir(parents=True, exist_ok=True)
-    for split, names in (("train", ["textwrap.py", "string.py"]), ("eval", ["bisect.py"])):
-        with open(root / f"{split}.jsonl", "w") as f:
-            for name in names:
-                f.write(json.dumps({"path": name, "text": (stdlib / name).read_text()}) + "\n")
-    return root
-
-
 def test_training_cli_smoke_and_exact_resume(tiny_models, tmp_path):
     """One train sequence and every anchor of it: each step sees the same batch, so the loss of
     a working optimiser must fall at every step (random targets are hard to learn otherwise)."""
     from sgl_spec.mtp.train import main
 
-    corpus = _tiny_corpus(tmp_path / "corpus")
+    corpus = build_corpus(tmp_path / "corpus")
     common = [
         "--target", str(tiny_models["target"]), "--corpus", str(corpus),
         "--work", str(tmp_path / "work"), "--k-max", "2", "--rank", "4", "--alpha", "8",

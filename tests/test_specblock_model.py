@@ -7,39 +7,24 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig
+from tiny_models import (
+    SPECBLOCK_D,
+    SPECBLOCK_K,
+    SPECBLOCK_V,
+    SPECBLOCK_VD,
+    specblock_config,
+    specblock_drafter,
+)
 
 from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
 from sgl_spec.specblock.model import (
     CheckpointError,
-    SpecBlockConfig,
     SpecBlockDrafter,
     draft_vocab_from_counts,
 )
 from sgl_spec.specblock.rank import psi_features, rank_to_bucket, target_rank
 
-K, D, V, VD = 3, 32, 64, 24
-
-
-def make_config(**overrides) -> SpecBlockConfig:
-    target = LlamaConfig(
-        hidden_size=D,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=4,
-        vocab_size=V,
-    )
-    kwargs = dict(draft_vocab_size=VD, block_size=K, rank_hidden_size=16)
-    kwargs.update(overrides)
-    return SpecBlockConfig.from_target(target, **kwargs)
-
-
-def make_model(seed: int = 0, **overrides) -> SpecBlockDrafter:
-    torch.manual_seed(seed)
-    model = SpecBlockDrafter(make_config(**overrides)).eval()
-    model.set_draft_vocab(torch.randperm(V)[:VD])
-    return model
+K, D, V, VD = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V, SPECBLOCK_VD
 
 
 def inputs(bs: int = 2, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +36,7 @@ def inputs(bs: int = 2, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_block_shapes_first_and_later_blocks():
-    model = make_model()
+    model = specblock_drafter()
     cond, ids = inputs()
     out = model.draft_block(cond, ids)
     assert out.logits.shape == (2, K, VD)
@@ -68,20 +53,20 @@ def test_block_shapes_first_and_later_blocks():
 
 
 def test_config_defaults_and_validation():
-    cfg = make_config()
+    cfg = specblock_config()
     assert (cfg.block_size, cfg.num_layers, cfg.hidden_size) == (K, 2, D)
     assert cfg.layer_config["num_key_value_heads"] == 2
     assert cfg.llama_config().num_hidden_layers == 2
     with pytest.raises(ValueError, match="draft_vocab_size"):
-        make_config(draft_vocab_size=5)
+        specblock_config(draft_vocab_size=5)
     with pytest.raises(ValueError, match="aux_layer_ids"):
-        make_config(aux_layer_ids=(0, 1, 9))
+        specblock_config(aux_layer_ids=(0, 1, 9))
 
 
 def test_draft_vocab_is_frequency_ranked():
     counts = torch.tensor([5, 9, 0, 9, 1, 7, 3, 2, 8, 4, 6, 0])
     assert draft_vocab_from_counts(counts, 4).tolist() == [1, 3, 8, 5]
-    model = make_model()
+    model = specblock_drafter()
     with pytest.raises(ValueError, match="distinct"):
         model.set_draft_vocab(torch.zeros(VD, dtype=torch.long))
 
@@ -128,7 +113,7 @@ def test_rank_buckets_follow_paper_rule():
 
 
 def test_embedding_frozen_and_rank_head_detached():
-    model = make_model().train()
+    model = specblock_drafter().train()
     model.set_target_embedding(torch.randn(V, D))
     cond, ids = inputs()
     out = model.draft_block(cond, ids)
@@ -163,7 +148,7 @@ def test_block_mask_k3_matches_appendix():
 
 
 def test_forward_is_causal_within_block():
-    model = make_model()
+    model = specblock_drafter()
     cond, ids = inputs()
     base = model.draft_block(cond, ids)
     with torch.no_grad():
@@ -174,7 +159,7 @@ def test_forward_is_causal_within_block():
 
 
 def test_forward_respects_context_visibility():
-    model = make_model()
+    model = specblock_drafter()
     cond, ids = inputs()
     first = model.draft_block(cond, ids)
     visible = cross_block_visibility(0, K, [0])  # on-path: slot 0 only
@@ -199,8 +184,8 @@ def test_forward_respects_context_visibility():
 
 @pytest.mark.parametrize("flag", ["prefix_broadcast", "layer_shift", "rank_head"])
 def test_each_ablation_changes_forward_and_runs(flag):
-    base = make_model()
-    ablated = make_model(**{flag: False})
+    base = specblock_drafter()
+    ablated = specblock_drafter(**{flag: False})
     missing, unexpected = ablated.load_state_dict(base.state_dict(), strict=False)
     assert not missing
     cond, ids = inputs()
@@ -224,7 +209,7 @@ def test_each_ablation_changes_forward_and_runs(flag):
 
 
 def test_save_load_round_trip(tmp_path):
-    model = make_model()
+    model = specblock_drafter()
     model.set_target_embedding(torch.randn(V, D))
     model.save_pretrained(tmp_path)
     loaded = SpecBlockDrafter.from_pretrained(tmp_path).eval()
@@ -237,17 +222,17 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_missing_and_corrupt_checkpoints_raise_clear_errors(tmp_path):
-    make_model().save_pretrained(tmp_path / "ok")
+    specblock_drafter().save_pretrained(tmp_path / "ok")
     with pytest.raises(CheckpointError, match="missing file .*config.json"):
         SpecBlockDrafter.from_pretrained(tmp_path / "nowhere")
     for name in ("config.json", "model.safetensors"):
         broken = tmp_path / f"no_{name}"
-        make_model().save_pretrained(broken)
+        specblock_drafter().save_pretrained(broken)
         (broken / name).unlink()
         with pytest.raises(CheckpointError, match=f"missing file .*{name}"):
             SpecBlockDrafter.from_pretrained(broken)
     garbage = tmp_path / "garbage"
-    make_model().save_pretrained(garbage)
+    specblock_drafter().save_pretrained(garbage)
     (garbage / "model.safetensors").write_bytes(b"\x00\x01 not a safetensors file")
     with pytest.raises(CheckpointError, match="corrupt .*model.safetensors"):
         SpecBlockDrafter.from_pretrained(garbage)
@@ -255,7 +240,7 @@ def test_missing_and_corrupt_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="bad .*config.json"):
         SpecBlockDrafter.from_pretrained(garbage)
     mismatch = tmp_path / "mismatch"
-    make_model().save_pretrained(mismatch)
+    specblock_drafter().save_pretrained(mismatch)
     cfg = json.loads((mismatch / "config.json").read_text())
     cfg["layer_shift"] = False
     (mismatch / "config.json").write_text(json.dumps(cfg))

@@ -1,4 +1,5 @@
-"""Tiny random-weight Llama models + a byte-level BPE tokenizer, built on the fly for tests.
+"""Tiny random-weight Llama models + a byte-level BPE tokenizer, a tiny corpus and a tiny
+SpecBlock drafter, built on the fly for tests.
 
 Random weights are fine for mechanics (greedy equality, sampling distribution); the lm_head is
 scaled up so next-token distributions are peaked and greedy argmaxes are separated by clear
@@ -10,6 +11,14 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sgl_spec.specblock.model import SpecBlockConfig, SpecBlockDrafter
+
+CORPUS_FILES = {"train": ("textwrap.py", "string.py"), "eval": ("bisect.py",)}
+# the tiny SpecBlock drafter: block size, (target) hidden size, target vocab, draft vocab
+SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V, SPECBLOCK_VD = 3, 32, 64, 24
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -21,7 +30,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = [str(stdlib / name) for name in ("textwrap.py", "string.py", "bisect.py")]
+    files = [str(stdlib / name) for names in CORPUS_FILES.values() for name in names]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -109,3 +118,48 @@ def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:  # noqa: AN
     else:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tokenizer_dir / name, out_dir / name)
+
+
+def build_corpus(root: Path) -> Path:
+    """A corpus directory (``train.jsonl`` / ``eval.jsonl``, the layout ``sgl_spec.models.corpus``
+    writes) of a few stdlib modules, for the training CLIs."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    root.mkdir(parents=True, exist_ok=True)
+    for split, names in CORPUS_FILES.items():
+        with open(root / f"{split}.jsonl", "w") as f:
+            for name in names:
+                f.write(json.dumps({"path": name, "text": (stdlib / name).read_text()}) + "\n")
+    return root
+
+
+def specblock_config(**overrides: object) -> SpecBlockConfig:
+    """A SpecBlock config for a 4-layer target of hidden size ``SPECBLOCK_D``; ``overrides``
+    replace ``SpecBlockConfig.from_target`` arguments."""
+    from transformers import LlamaConfig
+
+    from sgl_spec.specblock.model import SpecBlockConfig
+
+    target = LlamaConfig(
+        hidden_size=SPECBLOCK_D,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=4,
+        vocab_size=SPECBLOCK_V,
+    )
+    kwargs = dict(draft_vocab_size=SPECBLOCK_VD, block_size=SPECBLOCK_K, rank_hidden_size=16)
+    kwargs.update(overrides)
+    return SpecBlockConfig.from_target(target, **kwargs)
+
+
+def specblock_drafter(seed: int = 0, **overrides: object) -> SpecBlockDrafter:
+    """A seeded random drafter of ``specblock_config(**overrides)`` in eval mode, with a random
+    draft vocabulary of ``SPECBLOCK_VD`` target ids."""
+    import torch
+
+    from sgl_spec.specblock.model import SpecBlockDrafter
+
+    torch.manual_seed(seed)
+    model = SpecBlockDrafter(specblock_config(**overrides)).eval()
+    model.set_draft_vocab(torch.randperm(SPECBLOCK_V)[:SPECBLOCK_VD])
+    return model

@@ -1,4 +1,5 @@
-"""Model cards (README.md + loss curve) for the shipped target and draft directories.
+"""Model cards (README.md + loss curve) for the shipped target and draft directories, and the
+card files every trained MTP adapter or SpecBlock drafter gets (``write_card_files``).
 
 The card is generated, never hand-edited, so it always states the numbers of the weights next
 to it: sizes, the corpus hash, the exact commands, held-out metrics and timings. It reads the
@@ -8,12 +9,14 @@ to it: sizes, the corpus hash, the exact commands, held-out metrics and timings.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from sgl_spec.models.export import read_json
 
 LOSS_PNG = "loss_curve.png"
 METRICS_JSON = "metrics.json"
+TRAINING_JSON = "training.json"
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -49,6 +52,24 @@ def plot_losses(losses: list[float], title: str, path: Path) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return True
+
+
+def write_card_files(
+    out_dir: Path,
+    log: dict,
+    metrics: dict,
+    *,
+    loss_title: str,
+    render: Callable[[Path, dict, dict], str],
+) -> None:
+    """The card of a trained MTP adapter or SpecBlock drafter: ``training.json``,
+    ``metrics.json``, ``loss_curve.png`` and ``README.md`` (``render(out_dir, log, metrics)``),
+    all from one log and one set of metrics so the card cannot disagree with the JSON beside it."""
+    out_dir = Path(out_dir)
+    (out_dir / TRAINING_JSON).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
+    (out_dir / METRICS_JSON).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    plot_losses(log["losses"], loss_title, out_dir / LOSS_PNG)
+    (out_dir / "README.md").write_text(render(out_dir, log, metrics), encoding="utf-8")
 
 
 def _fmt_alpha(metrics: dict) -> str:

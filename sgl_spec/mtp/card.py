@@ -6,16 +6,11 @@ hand-edited, so the card always states the numbers of the weights next to it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from sgl_spec.models.card import plot_losses
+from sgl_spec.models.card import LOSS_PNG, write_card_files
 from sgl_spec.models.export import read_json
 from sgl_spec.mtp.adapter_io import CONFIG_FILE, WEIGHTS_FILE
-
-LOSS_PNG = "loss_curve.png"
-METRICS_JSON = "metrics.json"
-TRAINING_JSON = "training.json"
 
 
 def _rates_table(m: dict) -> str:
@@ -123,8 +118,6 @@ batch are functions of the seed); `--resume` continues a stopped run exactly.
 
 def write_card(out_dir: Path, log: dict, metrics: dict) -> None:
     """``training.json``, ``metrics.json``, ``loss_curve.png`` and ``README.md`` into ``out_dir``."""
-    out_dir = Path(out_dir)
-    (out_dir / TRAINING_JSON).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
-    (out_dir / METRICS_JSON).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
-    plot_losses(log["losses"], "MTP adapter: training loss (masks)", out_dir / LOSS_PNG)
-    (out_dir / "README.md").write_text(render_card(out_dir, log, metrics), encoding="utf-8")
+    write_card_files(
+        out_dir, log, metrics, loss_title="MTP adapter: training loss (masks)", render=render_card
+    )

@@ -11,21 +11,19 @@ held-out agreement of the *stored* adapter and the model card. Example (the ship
 from __future__ import annotations
 
 import argparse
-import hashlib
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from sgl_spec.models.registry import DEFAULT_TARGET, NAMESPACE, resolve_model_path
-from sgl_spec.models.train import DEFAULT_WORK
 from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.config import BaseDims, MtpAdapterConfig
-from sgl_spec.mtp.data import DEFAULT_CACHE, GreedySpec, greedy_dataset
+from sgl_spec.mtp.data import DEFAULT_CACHE
 from sgl_spec.mtp.gated_lora import MtpAdapter, attach_to_hf_model
 from sgl_spec.mtp.trainer import MtpTrainConfig, train_adapter
+from sgl_spec.training import cli
+
+PROG = "python -m sgl_spec.mtp.train"
 
 
 def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, ...]:
@@ -50,43 +48,23 @@ def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, .
     return tuple(ids)
 
 
-def _checkpoint_path(work: Path, out: Path) -> Path:
-    tag = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]
-    return work / "checkpoints" / f"{out.name}-{tag}.ckpt"
-
-
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log (also written to the card)."""
-    from sgl_spec.models.export import load_model_dir
-    from sgl_spec.models.tokenizer import load_tokenizer
     from sgl_spec.mtp.card import write_card
     from sgl_spec.mtp.evaluate import mask_agreement
 
     t_start = time.time()
-    target_dir = Path(resolve_model_path(args.target))
-    base_name = args.target if args.target.startswith(NAMESPACE) else str(target_dir)
-    model = load_model_dir(target_dir)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tokenizer = load_tokenizer(target_dir)
-    mask_ids = _mask_token_ids(tokenizer, args.k_max, args.mask_token_ids)
-
-    train_spec = GreedySpec("train", args.num_prompts, args.prompt_len, args.num_new, args.seed)
-    eval_spec = GreedySpec("eval", args.eval_prompts, args.prompt_len, args.num_new, args.seed)
-    kw = {"cache_dir": args.work, "chunk": args.gen_batch, "progress": not args.no_progress}
-    train_data, gen_train_s = greedy_dataset(
-        model, tokenizer, target_dir, args.corpus, train_spec, **kw
-    )
-    eval_data, gen_eval_s = greedy_dataset(
-        model, tokenizer, target_dir, args.corpus, eval_spec, **kw
-    )
-    gen_wall = gen_train_s + gen_eval_s
+    target = cli.load_frozen_target(args.target)
+    model = target.model
+    mask_ids = _mask_token_ids(target.tokenizer, args.k_max, args.mask_token_ids)
+    data = cli.load_greedy_splits(target, args, args.work)
+    train_data, eval_data, gen_wall = data.train, data.eval, data.gen_wall_s
 
     config = MtpAdapterConfig(
         rank=args.rank,
         alpha=args.alpha,
         k_max=args.k_max,
-        base_model=base_name,
+        base_model=target.name,
         mask_token_ids=mask_ids,
     )
     adapter = MtpAdapter(config, BaseDims.from_hf_config(model.config))
@@ -116,14 +94,12 @@ def run(args: argparse.Namespace) -> dict:
             train_data,
             cfg,
             mask_ids,
-            checkpoint=_checkpoint_path(args.work, args.out),
-            resume=args.resume,
-            progress=not args.no_progress,
-            stop_after=args.stop_after,
+            cli.run_options(args),
         )
-    storage = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.storage_dtype]
-    meta = {"command": _command(args), "train_config": cfg.__dict__}
-    save_adapter(args.out, adapter, config, meta, storage_dtype=storage)
+    meta = {"command": cli.reproduce_command(PROG, args), "train_config": cfg.__dict__}
+    save_adapter(
+        args.out, adapter, config, meta, storage_dtype=cli.STORAGE_DTYPES[args.storage_dtype]
+    )
 
     t_eval = time.time()
     stored, _ = load_adapter(args.out, model.config)
@@ -131,11 +107,15 @@ def run(args: argparse.Namespace) -> dict:
         held_out = mask_agreement(model, handle, eval_data, args.prompt_len - 1, mask_ids)
     metrics = held_out_summary(held_out, time.time() - t_eval)
     log = {
-        "name": args.name or _default_name(args),
-        "command": _command(args),
+        "name": args.name or cli.default_name(args, "mtp"),
+        "command": cli.reproduce_command(PROG, args),
         "threads": args.threads,
         "train_config": cfg.__dict__,
-        "data": {"train": train_spec.__dict__, "eval": eval_spec.__dict__, "gen_wall_s": gen_wall},
+        "data": {
+            "train": data.train_spec.__dict__,
+            "eval": data.eval_spec.__dict__,
+            "gen_wall_s": gen_wall,
+        },
         "num_parameters": adapter.num_parameters(),
         "base_parameters": sum(p.numel() for p in model.parameters()),
         "steps_done": len(log["losses"]),
@@ -168,54 +148,23 @@ def held_out_summary(held_out: dict, eval_wall_s: float) -> dict:
     }
 
 
-def _default_name(args: argparse.Namespace) -> str:
-    """``<target>-mtp`` for a registered target name, else the output directory's name."""
-    return f"{args.target}-mtp" if args.target.startswith(NAMESPACE) else args.out.name
-
-
-def _command(args: argparse.Namespace) -> str:
-    return "python -m sgl_spec.mtp.train " + shlex.join(args.argv)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sgl_spec.mtp.train", description=__doc__)
-    p.add_argument("--target", default=DEFAULT_TARGET, help="registered name or model dir")
-    p.add_argument("--out", type=Path, required=True, help="adapter directory to write")
-    p.add_argument("--name", default=None, help="name in the model card (default: derived)")
-    p.add_argument("--k-max", type=int, default=4)
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--alpha", type=float, default=32.0)
-    p.add_argument("--steps", type=int, default=450)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
-    p.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) at this step")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
-    p.add_argument("--anchors-per-seq", type=int, default=48)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--fp32", action="store_true", help="no bf16 autocast in training")
-    p.add_argument("--num-prompts", type=int, default=896, help="train prompts")
-    p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--num-new", type=int, default=96, help="greedy tokens per prompt")
-    p.add_argument("--gen-batch", type=int, default=64, help="prompts per generation batch")
-    p.add_argument("--mask-token-ids", default=None, help="comma-separated; default reserved_0..")
-    p.add_argument("--storage-dtype", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--corpus", type=Path, default=DEFAULT_WORK / "corpus")
-    p.add_argument(
+    p = cli.training_parser(PROG, __doc__, artifact="adapter", steps=450, lr=3e-3)
+    g = p.add_argument_group("MTP adapter")
+    g.add_argument("--k-max", type=int, default=4)
+    g.add_argument("--rank", type=int, default=16)
+    g.add_argument("--alpha", type=float, default=32.0)
+    g.add_argument("--anchors-per-seq", type=int, default=48)
+    g.add_argument("--mask-token-ids", default=None, help="comma-separated; default reserved_0..")
+    g.add_argument(
         "--work", type=Path, default=DEFAULT_CACHE, help="cache: greedy data, checkpoints"
     )
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--no-progress", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Entry point; sets the torch thread count before anything runs."""
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
-    torch.set_num_threads(args.threads)
-    return run(args)
+    return cli.run_main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

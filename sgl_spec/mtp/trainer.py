@@ -11,25 +11,22 @@ exactly (committed prefix in the KV cache, step tokens with a custom mask) and s
 through the sequence part.
 
 Determinism: the adapter init depends only on the seed, the batch of step ``s`` only on
-``(seed, s)``; a resumed run continues bit-exactly. The LR schedule and the resume checks are the
-ones of the shipped models' trainer (``sgl_spec.models.trainer``).
+``(seed, s)``; a resumed run continues bit-exactly. The loop itself (LR schedule, clipping,
+checkpoints, resume checks) is shared with the SpecBlock trainer (``sgl_spec.training.loop``).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from sgl_spec.models.data import batch_generator
-from sgl_spec.models.trainer import check_resumable, lr_at
 from sgl_spec.mtp.gated_lora import MtpAdapter, MtpHandle
 from sgl_spec.mtp.layout import IGNORE_INDEX, TrainingLayout, additive_mask, training_layout
+from sgl_spec.training.loop import RunOptions, train_loop
 
 
 @dataclass(frozen=True)
@@ -130,13 +127,6 @@ def mtp_loss(
     return ce[valid].mean(), per_j
 
 
-def _save(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def train_adapter(
     model: torch.nn.Module,
     handle: MtpHandle,
@@ -144,72 +134,35 @@ def train_adapter(
     data: torch.Tensor,  # [num_seqs, T]
     cfg: MtpTrainConfig,
     mask_token_ids: Sequence[int],
-    checkpoint: Path | None = None,
-    resume: bool = False,
-    checkpoint_every: int = 25,
-    progress: bool = True,
-    stop_after: int | None = None,
+    options: RunOptions | None = None,
 ) -> dict:
     """Run the optimizer steps; returns ``{"losses", "losses_per_j", "elapsed_s", "cpu_s"}``
-    accumulated over every resumed segment."""
+    accumulated over every resumed segment. ``options``: checkpointing, resume, progress bar,
+    early stop."""
     k = adapter.config.k_max
     opt = torch.optim.AdamW(
         adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
-    log: dict = {"losses": [], "losses_per_j": [], "elapsed_s": 0.0, "cpu_s": 0.0}
-    start = 0
-    if resume:
-        if checkpoint is None or not checkpoint.is_file():
-            raise FileNotFoundError(f"--resume given but checkpoint {checkpoint} does not exist")
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        check_resumable(MtpTrainConfig(**state["train_config"]), cfg, state["step"])
-        adapter.load_state_dict(state["adapter"])
-        opt.load_state_dict(state["optimizer"])
-        start, log = state["step"], state["log"]
-    adapter.train()
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=start, desc="train mtp", mininterval=5.0)
-    t0, c0 = time.time(), time.process_time()
-    base_elapsed, base_cpu = log["elapsed_s"], log["cpu_s"]
-    for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)  # type: ignore[arg-type]
+    def step_fn(step: int) -> tuple[torch.Tensor, dict]:
         tokens, anchors = sample_step(data, cfg, step)
         layout = training_layout(tokens, anchors, k, mask_token_ids)
         logits = mask_logits(model, handle, layout, cfg.bf16_autocast)
         loss, per_j = mtp_loss(logits, layout.labels[:, layout.num_tokens :], k)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log["losses"].append(float(loss.detach()))
-        log["losses_per_j"].append([round(x, 5) for x in per_j])
-        log["elapsed_s"] = base_elapsed + time.time() - t0
-        log["cpu_s"] = base_cpu + time.process_time() - c0
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{log['losses'][-1]:.3f}", mask1=f"{per_j[0]:.3f}", refresh=False)
-        done = step + 1
-        stopping = stop_after is not None and done >= stop_after
-        if checkpoint is not None and (
-            done % checkpoint_every == 0 or done == cfg.steps or stopping
-        ):
-            _save(
-                checkpoint,
-                {
-                    "adapter": adapter.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "step": done,
-                    "log": log,
-                    "train_config": asdict(cfg),
-                },
-            )
-        if stopping:
-            break
-    if bar is not None:
-        bar.close()
+        return loss, {"losses_per_j": [round(x, 5) for x in per_j]}
+
+    adapter.train()
+    log = train_loop(
+        step_fn,
+        opt,
+        adapter.parameters(),
+        cfg,
+        log_keys=["losses_per_j"],
+        state_fn=lambda: {"adapter": adapter.state_dict()},
+        restore_fn=lambda state: adapter.load_state_dict(state["adapter"]),
+        desc="train mtp",
+        postfix=lambda values: {"mask1": f"{values['losses_per_j'][0]:.3f}"},
+        options=options,
+    )
     adapter.eval()
     return log

@@ -1,0 +1,187 @@
+"""``python -m sgl_spec.specblock.train``: train a SpecBlock drafter for a target model.
+
+Stages, in one command: the target's greedy continuations of train-split prompts (cached and
+shared with the MTP pipeline), the reduced draft vocabulary, the drafter training (target frozen;
+resumable with ``--resume``), saving the drafter (``config.json`` + ``model.safetensors``, the
+format of ``SpecBlockDrafter.save_pretrained``), then the held-out α_k / τ / rank-bucket accuracy
+of the *stored* drafter and the model card. Example (the shipped drafter)::
+
+    python -m sgl_spec.specblock.train --target sgl-spec/tiny-code \\
+        --out sgl_spec/models/weights/tiny-code-specblock
+
+``--no-prefix-broadcast``, ``--no-layer-shift``, ``--no-valid-prefix`` and ``--no-rank-head``
+train the Table 2 ablations (the first two and the last are stored in the drafter's config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from sgl_spec.mtp.data import DEFAULT_CACHE as GREEDY_CACHE
+from sgl_spec.specblock.data import draft_vocab
+from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
+from sgl_spec.training import cli
+
+PROG = "python -m sgl_spec.specblock.train"
+DEFAULT_SPECBLOCK_WORK = Path.home() / ".cache" / "sgl_spec" / "specblock"
+
+
+def save_drafter(drafter: SpecBlockDrafter, out: Path, storage_dtype: torch.dtype) -> None:
+    """``save_pretrained`` with the float weights stored as ``storage_dtype`` (loading upcasts
+    to fp32; the held-out metrics are measured on exactly the stored values)."""
+    copy.deepcopy(drafter).to(storage_dtype).save_pretrained(out)
+    for path in out.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; package files must be world-readable
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Everything the CLI does; returns the training log with the held-out metrics."""
+    from sgl_spec.specblock.card import write_card
+    from sgl_spec.specblock.evaluate import chain_acceptance
+
+    t_start = time.time()
+    frozen = cli.load_frozen_target(args.target)
+    target = frozen.model
+    data = cli.load_greedy_splits(frozen, args, args.greedy_cache)
+    train_data, eval_data, gen_wall = data.train, data.eval, data.gen_wall_s
+
+    d2t, coverage = draft_vocab(
+        train_data, args.prompt_len, target.config.vocab_size, args.draft_vocab
+    )
+    drafter = build_drafter(target, d2t, seed=args.seed, **drafter_overrides(args))
+    cfg = train_config(args)
+    num_params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    print(
+        f"specblock: {num_params / 1e6:.3f}M trainable params, draft vocab {args.draft_vocab} "
+        f"covering {coverage:.2%} of label tokens, {train_data.shape[0]} train sequences of "
+        f"{train_data.shape[1]} tokens",
+        flush=True,
+    )
+    log = train_drafter(
+        drafter,
+        target,
+        train_data,
+        cfg,
+        cli.run_options(args),
+    )
+    save_drafter(drafter, args.out, cli.STORAGE_DTYPES[args.storage_dtype])
+
+    t_eval = time.time()
+    stored = SpecBlockDrafter.from_pretrained(args.out).eval()
+    held_out = chain_acceptance(
+        stored, target, eval_data, args.prompt_len - 1, num_blocks=args.eval_blocks
+    )
+    metrics = held_out_summary(held_out, time.time() - t_eval)
+    steps_done = len(log["losses"])
+    summary = {
+        "name": args.name or cli.default_name(args, "specblock"),
+        "target": frozen.name,
+        "command": cli.reproduce_command(PROG, args),
+        "threads": args.threads,
+        "train_config": asdict(cfg),
+        "drafter_config": drafter.config.to_dict(),
+        "storage_dtype": args.storage_dtype,
+        "data": {
+            "train": asdict(data.train_spec),
+            "eval": asdict(data.eval_spec),
+            "gen_wall_s": round(gen_wall, 1),
+            "draft_vocab_coverage": round(coverage, 5),
+        },
+        "num_parameters": num_params,
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+        "steps_done": steps_done,
+        "train_wall_s": round(log["elapsed_s"], 1),
+        "train_cpu_s": round(log["cpu_s"], 1),
+        "s_per_step": round(log["elapsed_s"] / max(1, steps_done), 3),
+        "command_wall_s": round(time.time() - t_start, 1),
+        "losses": [round(x, 5) for x in log["losses"]],
+        "draft_losses": [round(x, 5) for x in log["draft_losses"]],
+        "rank_losses": [None if x is None else round(x, 5) for x in log["rank_losses"]],
+        "per_slot": log["per_slot"],
+        "accepted": log["accepted"],
+    }
+    write_card(args.out, summary, metrics)
+    print(
+        f"specblock drafter saved to {args.out}: held-out alpha {held_out['alpha']}, "
+        f"tau {held_out['tau']} (command {summary['command_wall_s'] / 60:.1f} min)",
+        flush=True,
+    )
+    return {**summary, "metrics": metrics}
+
+
+def drafter_overrides(args: argparse.Namespace) -> dict:
+    """``SpecBlockConfig`` fields set by the CLI (shape and the architectural ablations)."""
+    return {
+        "block_size": args.k,
+        "num_layers": args.num_layers,
+        "rank_hidden_size": args.rank_hidden,
+        "prefix_broadcast": not args.no_prefix_broadcast,
+        "layer_shift": not args.no_layer_shift,
+        "rank_head": not args.no_rank_head,
+    }
+
+
+def train_config(args: argparse.Namespace) -> SpecBlockTrainConfig:
+    """The optimisation config of the CLI flags (``--no-valid-prefix`` is a training ablation)."""
+    return SpecBlockTrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        first_start=args.prompt_len - 1,
+        num_blocks=args.num_blocks,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        rank_warmup_steps=args.rank_warmup_steps,
+        valid_prefix=not args.no_valid_prefix,
+        seed=args.seed,
+        bf16_autocast=not args.fp32,
+    )
+
+
+def held_out_summary(held_out: dict, eval_wall_s: float) -> dict:
+    """``metrics.json``: α_k, τ and the rank-bucket accuracy at the top, the full record below."""
+    rank = held_out["rank_head"]
+    return {
+        "alpha": held_out["alpha"],
+        "tau": held_out["tau"],
+        "expected_acceptance_length": held_out["expected_acceptance_length"],
+        "rank_bucket_accuracy": None if rank is None else rank["accuracy"],
+        "held_out": held_out,
+        "eval_wall_s": round(eval_wall_s, 1),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.training_parser(PROG, __doc__, artifact="drafter", steps=1200, lr=1e-3)
+    g = p.add_argument_group("SpecBlock drafter")
+    g.add_argument("--k", type=int, default=4, help="block size K (positions per forward)")
+    g.add_argument("--num-layers", type=int, default=2, help="drafter decoder layers L")
+    g.add_argument("--draft-vocab", type=int, default=1024, help="reduced draft vocabulary")
+    g.add_argument("--rank-hidden", type=int, default=256, help="rank head MLP width")
+    g.add_argument("--num-blocks", type=int, default=2, help="blocks per training chain")
+    g.add_argument("--eval-blocks", type=int, default=2, help="blocks M of a held-out chain")
+    g.add_argument("--rank-warmup-steps", type=int, default=100, help="rank head joins here")
+    g.add_argument("--no-prefix-broadcast", action="store_true", help="ablation (Table 2)")
+    g.add_argument("--no-layer-shift", action="store_true", help="ablation (Table 2)")
+    g.add_argument("--no-valid-prefix", action="store_true", help="ablation (Table 2)")
+    g.add_argument("--no-rank-head", action="store_true", help="ablation (Table 2)")
+    g.add_argument(
+        "--greedy-cache", type=Path, default=GREEDY_CACHE, help="greedy data (shared with MTP)"
+    )
+    g.add_argument("--work", type=Path, default=DEFAULT_SPECBLOCK_WORK, help="checkpoints")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Entry point; sets the torch thread count before anything runs."""
+    return cli.run_main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The command-line scaffolding of the MTP adapter and SpecBlock drafter training CLIs
+(``python -m sgl_spec.mtp.train``, ``python -m sgl_spec.specblock.train``).
+
+Both train a small module on a frozen target's own greedy continuations, so they share the run's
+flags (same names, meanings and defaults unless a CLI passes its own), the frozen target, the
+train/eval greedy data, the card name, the reproduce command and where the resumable checkpoint
+lives. Each CLI adds its own flags in its own argument group and keeps its own ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sgl_spec.models.registry import DEFAULT_TARGET, NAMESPACE, resolve_model_path
+from sgl_spec.models.train import DEFAULT_WORK
+from sgl_spec.mtp.data import GreedySpec, greedy_dataset
+from sgl_spec.training.loop import RunOptions
+
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+"""``--storage-dtype``: the dtype of the float weights on disk (loading upcasts to fp32)."""
+
+
+def training_parser(
+    prog: str, description: str, *, artifact: str, steps: int, lr: float
+) -> argparse.ArgumentParser:
+    """A parser with the flags every training CLI has; ``artifact`` names what ``--out`` holds,
+    ``steps`` and ``lr`` are the CLI's defaults."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--target", default=DEFAULT_TARGET, help="registered name or model dir")
+    p.add_argument("--out", type=Path, required=True, help=f"{artifact} directory to write")
+    p.add_argument("--name", default=None, help="name in the model card (default: derived)")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    p.add_argument("--stop-after", type=int, default=None, help="stop (checkpointed) at this step")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast in training")
+    p.add_argument("--num-prompts", type=int, default=896, help="train prompts")
+    p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--num-new", type=int, default=96, help="greedy tokens per prompt")
+    p.add_argument("--gen-batch", type=int, default=64, help="prompts per generation batch")
+    p.add_argument("--storage-dtype", choices=sorted(STORAGE_DTYPES), default="bf16")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_WORK / "corpus")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], dict],
+    argv: list[str] | None,
+) -> dict:
+    """Parse, keep the exact argv for the reproduce command and set the torch thread count before
+    anything runs (timings and bf16 results depend on it)."""
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    return run(args)
+
+
+def reproduce_command(prog: str, args: argparse.Namespace) -> str:
+    """The command line as given, for the card's "Reproduce" section."""
+    return f"{prog} {shlex.join(args.argv)}"
+
+
+def default_name(args: argparse.Namespace, suffix: str) -> str:
+    """``<target>-<suffix>`` for a registered target name, else the output directory's name."""
+    return f"{args.target}-{suffix}" if args.target.startswith(NAMESPACE) else args.out.name
+
+
+def checkpoint_path(work: Path, out: Path) -> Path:
+    """One checkpoint per output directory (its name plus a hash of its absolute path), so runs
+    into different directories never resume each other."""
+    tag = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]
+    return work / "checkpoints" / f"{out.name}-{tag}.ckpt"
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """``--resume``, ``--stop-after`` and ``--no-progress``, checkpointing into ``--work``."""
+    return RunOptions(
+        checkpoint=checkpoint_path(args.work, args.out),
+        resume=args.resume,
+        progress=not args.no_progress,
+        stop_after=args.stop_after,
+    )
+
+
+@dataclass
+class FrozenTarget:
+    """The target a module is trained for, its weights frozen."""
+
+    path: Path  # resolved model directory
+    name: str  # as the card states it: the registered name as given, else ``path``
+    model: torch.nn.Module
+    tokenizer: Any
+
+
+def load_frozen_target(target: str) -> FrozenTarget:
+    """``--target`` (registered name or model dir) loaded in fp32 with ``requires_grad`` off."""
+    from sgl_spec.models.export import load_model_dir
+    from sgl_spec.models.tokenizer import load_tokenizer
+
+    path = Path(resolve_model_path(target))
+    model = load_model_dir(path)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    name = target if target.startswith(NAMESPACE) else str(path)
+    return FrozenTarget(path, name, model, load_tokenizer(path))
+
+
+@dataclass
+class GreedySplits:
+    """The target's greedy continuations of train-split and held-out prompts."""
+
+    train_spec: GreedySpec
+    eval_spec: GreedySpec
+    train: torch.Tensor  # [num_prompts, prompt_len + num_new]
+    eval: torch.Tensor  # [eval_prompts, prompt_len + num_new]
+    gen_wall_s: float  # generation time of both (the cached part included)
+
+
+def load_greedy_splits(
+    target: FrozenTarget, args: argparse.Namespace, cache_dir: Path
+) -> GreedySplits:
+    """Both splits from the cache in ``cache_dir``, generating what is missing."""
+    train_spec = GreedySpec("train", args.num_prompts, args.prompt_len, args.num_new, args.seed)
+    eval_spec = GreedySpec("eval", args.eval_prompts, args.prompt_len, args.num_new, args.seed)
+    kw = {"cache_dir": cache_dir, "chunk": args.gen_batch, "progress": not args.no_progress}
+    common = (target.model, target.tokenizer, target.path, args.corpus)
+    train, gen_train_s = greedy_dataset(*common, train_spec, **kw)
+    held_out, gen_eval_s = greedy_dataset(*common, eval_spec, **kw)
+    return GreedySplits(train_spec, eval_spec, train, held_out, gen_train_s + gen_eval_s)

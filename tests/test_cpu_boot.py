@@ -1,5 +1,6 @@
 """The start-up hook: on this CPU-only host `import sgl_kernel` works only because of it, in a
-fresh interpreter (as SGLang's spawned schedulers are), and turning it off restores the
+fresh interpreter (as SGLang's spawned schedulers are), SGLang sees its CPU kernels as available
+even on a CPU without AMX tiles (AMD EPYC), and turning it off restores the
 original failure."""
 
 from __future__ import annotations

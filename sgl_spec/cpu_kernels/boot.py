@@ -11,6 +11,13 @@ site-packages imports this module, which adds one meta-path finder. The finder t
 it cannot load and no CUDA device exists, our PyTorch implementations of the CPU ops are
 registered under ``torch.ops.sgl_kernel`` and the import proceeds.
 
+SGLang enables its CPU kernel paths (and keeps ``--attention-backend intel_amx``, the only CPU
+backend with speculative decoding) only where ``cpu_has_amx_support()`` holds: AMX tiles *and*
+the kernel library. Our ops are plain PyTorch and need no AMX, so while they stand in for the
+library, the same finder makes ``sglang.srt.utils.common.cpu_has_amx_support`` answer "the
+kernels are here" on CPUs without AMX too (e.g. AMD EPYC); without that SGLang falls back to
+``torch_native`` and every speculative algorithm fails on such hosts.
+
 This module must stay cheap: it runs in every Python process of the venv.
 """
 
@@ -22,8 +29,15 @@ import os
 import sys
 import types
 
-_TARGET = "sgl_kernel.load_utils"
+_LOAD_UTILS = "sgl_kernel.load_utils"
+_SGLANG_COMMON = "sglang.srt.utils.common"
 ENV_DISABLE = "SGLSPEC_CPU_KERNELS"
+_state = {"fallback": False}
+
+
+def fallback_active() -> bool:
+    """True once our PyTorch ops were registered in place of the ``sgl_kernel`` library."""
+    return _state["fallback"]
 
 
 def fallback_allowed() -> bool:
@@ -38,7 +52,6 @@ def fallback_allowed() -> bool:
 def _patch_load_utils(module: types.ModuleType) -> None:
     original_load = module._load_architecture_specific_ops
     original_preload = module._preload_cuda_library
-    state = {"fallback": False}
 
     def load_ops() -> object:
         try:
@@ -49,11 +62,11 @@ def _patch_load_utils(module: types.ModuleType) -> None:
             from sgl_spec.cpu_kernels import register_all
 
             register_all()
-            state["fallback"] = True
+            _state["fallback"] = True
             return types.SimpleNamespace(__name__="sgl_spec.cpu_kernels", fallback=True)
 
     def preload_cuda() -> None:
-        if state["fallback"]:
+        if _state["fallback"]:
             return
         original_preload()
 
@@ -61,28 +74,44 @@ def _patch_load_utils(module: types.ModuleType) -> None:
     module._preload_cuda_library = preload_cuda
 
 
+def _patch_sglang_common(module: types.ModuleType) -> None:
+    original = module.cpu_has_amx_support
+    kernels_available = module._is_intel_amx_backend_available
+
+    def cpu_has_amx_support() -> bool:
+        # kernels_available() imports sgl_kernel, which is what registers the fallback.
+        return bool(original()) or (bool(kernels_available()) and fallback_active())
+
+    module.cpu_has_amx_support = cpu_has_amx_support
+
+
+_PATCHES = {_LOAD_UTILS: _patch_load_utils, _SGLANG_COMMON: _patch_sglang_common}
+
+
 class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+    def __init__(self, inner: importlib.abc.Loader, patch) -> None:  # noqa: ANN001
         self._inner = inner
+        self._patch = patch
 
     def create_module(self, spec):  # noqa: ANN001
         return self._inner.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
         self._inner.exec_module(module)
-        _patch_load_utils(module)
+        self._patch(module)
 
 
 class SglKernelFinder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of ``sgl_kernel.load_utils``; every other import is left alone."""
+    """Wraps the loaders of the two modules in ``_PATCHES``; every other import is left alone."""
 
     def find_spec(self, fullname, path, target=None):  # noqa: ANN001
-        if fullname != _TARGET:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _WrappingLoader(spec.loader)
+        spec.loader = _WrappingLoader(spec.loader, patch)
         return spec
 
 

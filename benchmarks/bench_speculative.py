@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,5 +165,12 @@ def main(argv: list[str]) -> int:
     return 1 if any("error" in run for run in runs) else 0
 
 
+def exit_on_sigterm() -> None:
+    """``kill`` (SIGTERM) exits through ``finally`` like Ctrl-C does, so the running server
+    (its own process group) is stopped instead of left holding its KV pool."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main(sys.argv[1:]))

@@ -16,11 +16,16 @@ acceptance estimates and returns the k with the highest predicted S, or 0 (specu
 Online calibration (beyond the paper): an offline τ table times a bare forward, while a served
 step also pays the method's own work (masks, tree attention, acceptance), so the table can be
 far too optimistic for a given serving stack. With ``calibrate_steps > 0`` the controller also
-keeps ``StepTimes``, running step times per batch-size bucket and k, reported by the worker;
-once both T(k) and T(0) are measured in a bucket, S = λ(k)·T(0)/T(k) replaces equation 1 there
-(the measured T(k) already includes drafting, so δ is folded in). Periodic probes keep every
-estimate fresh: a probe of k = 0 refreshes T(0) while speculating, a probe of k > 0 refreshes
-its T(k) and α while speculation is off.
+keeps ``StepTimes``, the median of recent served step times per batch-size bucket and k,
+reported by the worker (a median, because the first steps of a fresh server and host hiccups
+are several times slower than the rest); once both T(k) and T(0) are measured in a bucket,
+S = λ(k)·T(0)/T(k) replaces equation 1 there (the measured T(k) already includes drafting, so
+δ is folded in). Without a table an unmeasured k is bounded by the step times of the smaller
+k measured so far (more tokens per request never cost less): it is probed only if that
+optimistic bound could beat k = 0, so a host where one draft already costs too much pays for
+measuring k = 1 only. Periodic probes keep every estimate fresh: a probe of k = 0 refreshes
+T(0) while speculating, a probe of k > 0 refreshes its T(k) and α while speculation is off --
+at intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from numbers import Integral
@@ -195,36 +202,45 @@ def batch_bucket(batch_size: int) -> int:
 
 @dataclass
 class StepTimes:
-    """EWMA of served step seconds per (batch-size bucket, k); a value counts as measured once
-    it has ``min_samples`` observations."""
+    """Median of the last ``window`` served step seconds per (batch-size bucket, k); a value
+    counts as measured once it has ``min_samples`` observations. A median, not a mean: the
+    first steps after start-up (lazy initialisation) and scheduling hiccups of the host are
+    outliers several times the typical step, and one of them must not decide for hundreds of
+    steps whether speculation pays."""
 
-    ewma_weight: float = 0.2
+    window: int = 9
     min_samples: int = 3
-    _seconds: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _samples: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
     _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_samples <= self.window:
+            raise ValueError(
+                f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}"
+            )
 
     def update(self, batch_size: int, k: int, seconds: float) -> None:
         if not (seconds > 0 and math.isfinite(seconds)):
             return  # a clock hiccup says nothing about cost
         key = (batch_bucket(batch_size), k)
-        count = self._counts.get(key, 0)
-        old = self._seconds.get(key, seconds)
-        # Plain mean for the first observations, then EWMA: early samples are not over-weighted.
-        weight = max(self.ewma_weight, 1.0 / (count + 1))
-        self._seconds[key] = old + weight * (seconds - old)
-        self._counts[key] = count + 1
+        self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        self._counts[key] = self._counts.get(key, 0) + 1
 
     def get(self, batch_size: int, k: int) -> float | None:
         key = (batch_bucket(batch_size), k)
         if self._counts.get(key, 0) < self.min_samples:
             return None
-        return self._seconds[key]
+        return statistics.median(self._samples[key])
 
     def count(self, batch_size: int, k: int) -> int:
         return self._counts.get((batch_bucket(batch_size), k), 0)
 
 
 # --- the controller -------------------------------------------------------------------------
+
+# While probes keep confirming that speculation does not pay, the wait between them doubles up
+# to this multiple of ``explore_every``; a step that speculates on merit resets it.
+MAX_EXPLORE_BACKOFF = 8
 
 
 @dataclass(frozen=True)
@@ -237,7 +253,8 @@ class ControllerConfig:
     ``calibrate_steps`` > 0 turns online calibration on: step times count as measured after
     that many observations, k = 0 is measured first in every batch-size bucket, k without any
     τ estimate (no table) are measured before use, and while speculating k = 0 is probed for one
-    step every ``explore_every`` steps. ``time_ewma_weight``: weight of a new step time.
+    step every ``explore_every`` steps. ``time_window``: step times kept per (bucket, k) for
+    their median.
     ``switch_on_margin``: extra margin to turn speculation on while it is off -- the first
     step after k = 0 has no drafts to verify (it pays T(k) for one token), so a marginal
     predicted gain would be eaten by switching back and forth."""
@@ -249,7 +266,7 @@ class ControllerConfig:
     explore_every: int = 64
     probe_steps: int = 1
     calibrate_steps: int = 0
-    time_ewma_weight: float = 0.2
+    time_window: int = 9
     switch_on_margin: float = 0.0
 
     def __post_init__(self) -> None:
@@ -276,8 +293,10 @@ class ControllerConfig:
             raise ValueError(f"probe_steps must be >= 1, got {self.probe_steps}")
         if self.calibrate_steps < 0:
             raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
-        if not 0.0 < self.time_ewma_weight <= 1.0:
-            raise ValueError(f"time_ewma_weight must lie in (0, 1], got {self.time_ewma_weight}")
+        if self.time_window < max(self.calibrate_steps, 1):
+            raise ValueError(
+                f"time_window must be >= max(calibrate_steps, 1), got {self.time_window}"
+            )
 
     def prior(self) -> list[float]:
         if isinstance(self.alpha_prior, (tuple, list)):
@@ -292,8 +311,9 @@ class Decision:
     ``gamma`` is the tokens per request of the verify forward, ``tau`` = τ(gamma), ``lam`` the
     predicted acceptance length; ``explore`` marks a k tried only to refresh an estimate.
     ``source`` says where τ came from: "measured" (served step times, τ = T(0)/T(k)),
-    "table" (the γ table), "prior" (nothing known yet; τ = 1) or "calibrate" (k = 0 run to
-    measure T(0))."""
+    "table" (the γ table), "bound" (no table, T(k) not measured yet: τ = T(0)/T(j) for the
+    largest measured j < k, an upper bound), "prior" (nothing known yet; τ = 1) or "calibrate"
+    (k = 0 run to measure T(0))."""
 
     k: int
     predicted_speedup: float
@@ -334,11 +354,11 @@ class SpeculationController:
             )
         self.alphas = self.config.prior()
         self.times = StepTimes(
-            ewma_weight=self.config.time_ewma_weight,
-            min_samples=max(self.config.calibrate_steps, 1),
+            window=self.config.time_window, min_samples=max(self.config.calibrate_steps, 1)
         )
         self.num_steps_off = 0  # consecutive steps at k = 0
         self.num_steps_on = 0  # consecutive steps at k > 0
+        self._backoff = 1  # explore_every multiplier while speculation stays off
         self._probe: tuple[int, int] | None = None  # (k, steps left)
 
     @property
@@ -363,7 +383,14 @@ class SpeculationController:
             tau = t0 / tk
             return Decision(k, lam * tau if k else 1.0, gamma, tau, lam, source="measured")
         if self.table is None:
-            return Decision(k, lam if k else 1.0, gamma, 1.0, lam, source="prior")
+            if t0 is None or k == 0:
+                return Decision(k, lam if k else 1.0, gamma, 1.0, lam, source="prior")
+            # T(k) >= T(j) for every j < k: the largest measured one bounds τ(k) from above.
+            slowest = max(
+                t for t in (self.times.get(batch_size, j) for j in range(k)) if t is not None
+            )
+            tau = t0 / slowest
+            return Decision(k, lam * tau, gamma, tau, lam, source="bound")
         tau = self.table.tau(batch_size, ctx_len, gamma)
         if k == 0:
             return Decision(0, 1.0, gamma, tau, lam)
@@ -399,13 +426,16 @@ class SpeculationController:
         if decision.k > 0:
             self.num_steps_off = 0
             self.num_steps_on += 1
+            self._backoff = 1
             if self.calibrating and every and self.num_steps_on % (every + 1) == 0:
                 # refresh T(0) with one plain step; speculation stays on
                 return replace(self.predict(0, batch_size, ctx_len), explore=True)
             return decision
         self.num_steps_on = 0
-        if every and self.num_steps_off >= every:
+        if every and self.num_steps_off >= every * self._backoff:
             self.num_steps_off = 0
+            # Each probe that leaves speculation off doubles the wait for the next one.
+            self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
             explore = self.best(batch_size, ctx_len, min_k=1)
             return self._start_probe(explore)
         self.num_steps_off += 1
@@ -413,14 +443,19 @@ class SpeculationController:
 
     def _calibration_step(self, batch_size: int, ctx_len: int) -> Decision | None:
         """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
-        turn (a probe long enough to be measured) until all are."""
+        increasing order (a probe long enough to be measured) unless the bound from the smaller
+        k already rules it out."""
         if self.times.get(batch_size, 0) is None:
             return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
         if self.table is None:
             for k in range(1, self.config.k_max + 1):
-                if self.times.get(batch_size, k) is None:
-                    steps = self.times.min_samples - self.times.count(batch_size, k)
-                    return self._start_probe(self.predict(k, batch_size, ctx_len), steps)
+                if self.times.get(batch_size, k) is not None:
+                    continue
+                bound = self.predict(k, batch_size, ctx_len)
+                if bound.predicted_speedup <= 1.0 + self.config.margin:
+                    continue  # cannot pay even if it cost no more than the last measured k
+                steps = self.times.min_samples - self.times.count(batch_size, k)
+                return self._start_probe(bound, steps)
         return None
 
     def _start_probe(self, decision: Decision, steps: int | None = None) -> Decision:

@@ -233,8 +233,10 @@ def test_larger_batch_with_steeper_tau_picks_fewer_drafts() -> None:
 
 def test_exploration_after_explore_every_steps_off() -> None:
     ctrl = controller(COMPUTE_BOUND, alpha_prior=0.9, explore_every=3)
-    decisions = [ctrl.decide(16, 512) for _ in range(8)]
-    assert [d.k > 0 for d in decisions] == [False, False, False, True] + [False] * 3 + [True]
+    decisions = [ctrl.decide(16, 512) for _ in range(30)]
+    probed = [i for i, d in enumerate(decisions) if d.k > 0]
+    # after 3 steps off, then after 6, then 12: each probe that changes nothing doubles the wait
+    assert probed == [3, 10, 23]
     explored = decisions[3]
     assert explored.explore
     assert explored.k == ctrl.best(16, 512, min_k=1).k
@@ -276,7 +278,7 @@ def test_controller_refuses_k_max_beyond_the_table() -> None:
         ({"explore_every": -1}, "explore_every"),
         ({"probe_steps": 0}, "probe_steps"),
         ({"calibrate_steps": -1}, "calibrate_steps"),
-        ({"time_ewma_weight": 1.5}, "time_ewma_weight"),
+        ({"time_window": 2, "calibrate_steps": 3}, "time_window"),
     ],
 )
 def test_config_validation_names_the_field(kwargs: dict, match: str) -> None:
@@ -301,20 +303,25 @@ def run(ctrl: SpeculationController, bs: int, steps: int, seconds=step_seconds) 
     return decisions
 
 
-def test_step_times_average_then_ewma_per_bucket() -> None:
-    times = StepTimes(ewma_weight=0.5, min_samples=2)
-    times.update(16, 2, 1.0)
+def test_step_times_median_of_a_window_per_bucket() -> None:
+    times = StepTimes(window=3, min_samples=2)
+    times.update(16, 2, 9.0)  # a first step after start-up: lazy initialisation
     assert times.get(16, 2) is None  # one sample is not a measurement
-    times.update(16, 2, 3.0)
-    assert times.get(16, 2) == pytest.approx(2.0)  # plain mean of the first two
-    times.update(16, 2, 4.0)
-    assert times.get(16, 2) == pytest.approx(3.0)  # then EWMA at weight 0.5
-    assert times.get(14, 2) == pytest.approx(3.0)  # 14 and 16 share the bucket log2 ~ 4
+    times.update(16, 2, 1.0)
+    assert times.get(16, 2) == pytest.approx(5.0)
+    times.update(16, 2, 1.2)
+    assert times.get(16, 2) == pytest.approx(1.2)  # the outlier no longer decides
+    times.update(16, 2, 1.4)
+    times.update(16, 2, 1.6)
+    assert times.get(16, 2) == pytest.approx(1.4)  # only the last 3 count
+    assert times.get(14, 2) == pytest.approx(1.4)  # 14 and 16 share the bucket log2 ~ 4
     assert times.get(8, 2) is None and times.get(16, 1) is None
     times.update(16, 2, float("nan"))
     times.update(16, 2, 0.0)
-    assert times.count(16, 2) == 3
+    assert times.count(16, 2) == 5
     assert [batch_bucket(b) for b in (1, 2, 3, 5, 6, 32)] == [0, 1, 2, 2, 3, 5]
+    with pytest.raises(ValueError, match="min_samples"):
+        StepTimes(window=2, min_samples=3)
 
 
 def test_calibration_measures_k0_first_and_corrects_an_optimistic_table() -> None:
@@ -372,8 +379,29 @@ def test_speculating_controller_refreshes_t0_and_probes_from_k0() -> None:
     refresh = [i for i, d in enumerate(decisions) if d.explore and d.k == 0]
     assert refresh == [5, 10]  # one plain step after every 4 speculative steps
     off = controller(COMPUTE_BOUND, alpha_prior=0.9, explore_every=3, probe_steps=2)
-    probes = [d.k > 0 for d in (off.decide(16, 512) for _ in range(10))]
-    assert probes == [False, False, False, True, True, False, False, False, True, True]
+    probes = [d.k > 0 for d in (off.decide(16, 512) for _ in range(13))]
+    assert probes == [False] * 3 + [True, True] + [False] * 6 + [True, True]
+
+
+def test_without_table_one_expensive_draft_rules_out_the_rest() -> None:
+    # One draft already costs 3 plain steps: with α ≈ 0.7 no k can pay, since T(k) >= T(1).
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    ctrl.table = None
+    decisions = run(ctrl, 4, 30, seconds=lambda k, bs: 0.01 * (1 + 2 * min(k, 1)))
+    assert [d.k for d in decisions[:4]] == [0, 0, 1, 1]  # k = 2..4 are never measured
+    assert all(d.k == 0 for d in decisions[4:])
+    bound = ctrl.predict(3, 4, 256)
+    assert bound.source == "bound" and bound.tau == pytest.approx(1 / 3)
+    assert ctrl.predict(1, 4, 256).source == "measured"
+
+
+def test_bound_keeps_probing_where_the_next_k_might_pay() -> None:
+    # T(1) = 1.2 T(0): k = 2 is bounded by τ <= 1/1.2 and λ(2) = 2.71 > 1.2, so it is measured.
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.9, calibrate_steps=1, explore_every=0)
+    ctrl.table = None
+    decisions = run(ctrl, 4, 6, seconds=lambda k, bs: 0.01 * (1 + 0.2 * k))
+    assert [d.k for d in decisions[:5]] == [0, 1, 2, 3, 4]
+    assert decisions[5].source == "measured"
 
 
 def test_switch_on_margin_is_hysteresis() -> None:

@@ -151,6 +151,9 @@ class MtpLoraWorker(BaseSpecWorker):
         return self._layouts[k]
 
     def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        # The controller compares whole steps: input layout, mask and batch construction differ
+        # between k = 0 and k > 0 as much as the forward does.
+        tic = time.perf_counter()
         state: MtpDraftInput = batch.spec_info
         bs = len(batch.reqs)
         k = self._choose_k(batch)
@@ -175,7 +178,6 @@ class MtpLoraWorker(BaseSpecWorker):
             forward_batch = self._make_forward_batch(
                 batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
             )
-        tic = time.perf_counter()
         with self.lora.gates(width, k + 1, mask_index):
             out = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True

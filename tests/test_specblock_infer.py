@@ -244,3 +244,32 @@ def test_specblock_flags_parse():
     assert config.specblock_bucket_map == (2, 4, 6, 4)
     assert split_argv(["--specblock-branching", "1,2,3,0"])[0].specblock_bucket_map == (1, 2, 3, 0)
     assert QLEN_ONLY != FULL_MASK
+
+
+def test_settings_and_target_fit_are_checked(tmp_path):
+    from transformers import LlamaConfig
+
+    from sgl_spec.config import SpecConfig
+    from sgl_spec.specblock.algorithm import check_target_fit, load_settings
+
+    model = specblock_drafter()
+    model.save_pretrained(tmp_path / "d")
+    settings = load_settings(SpecConfig(specblock_drafter_path=str(tmp_path / "d")))
+    assert settings.block_size == K and settings.max_depth == 2 * K
+    assert settings.draft.bucket_map == (2, 4, 10, 0) and settings.draft.max_nodes == 32
+    with pytest.raises(ValueError, match="--specblock-k"):
+        load_settings(SpecConfig(specblock_drafter_path=str(tmp_path / "d"), specblock_k=K + 1))
+    with pytest.raises(ValueError, match="--specblock-drafter-path"):
+        load_settings(SpecConfig(specblock_drafter_path=str(tmp_path / "nowhere")))
+    with pytest.raises(ValueError, match="--specblock-drafter-path"):
+        load_settings(SpecConfig())
+    cfg = model.config  # aux layers (0, 1, 3) of a 4-layer target: 3 is the last layer
+    target = LlamaConfig(hidden_size=D, vocab_size=V, num_hidden_layers=5)
+    check_target_fit(cfg, target, "d")
+    for bad in (
+        LlamaConfig(hidden_size=D, vocab_size=V, num_hidden_layers=4),
+        LlamaConfig(hidden_size=2 * D, vocab_size=V, num_hidden_layers=5),
+        LlamaConfig(hidden_size=D, vocab_size=V + 1, num_hidden_layers=5),
+    ):
+        with pytest.raises(ValueError, match="does not fit the target"):
+            check_target_fit(cfg, bad, "d")

@@ -4,6 +4,9 @@ App. A.2, App. C)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
@@ -273,3 +276,21 @@ def test_settings_and_target_fit_are_checked(tmp_path):
     ):
         with pytest.raises(ValueError, match="does not fit the target"):
             check_target_fit(cfg, bad, "d")
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong_target"])
+def test_launcher_refuses_bad_drafter_before_starting(tiny_models, tmp_path, case):  # noqa: ANN001
+    drafter = tmp_path / "drafter"
+    if case == "wrong_target":
+        specblock_drafter().save_pretrained(drafter)  # hidden size 32, the target's is 64
+    cmd = [
+        sys.executable, "-m", "sgl_spec.launch_server",
+        "--model-path", str(tiny_models["target"]),
+        "--speculative-algorithm", "SPECBLOCK",
+        "--specblock-drafter-path", str(drafter),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "error: --specblock-drafter-path" in proc.stderr, proc.stderr[-2000:]
+    if case == "wrong_target":
+        assert "does not fit the target" in proc.stderr

@@ -150,6 +150,23 @@ class SpecBlockSpecAlgo(CustomSpecAlgo):
             server_args.disable_cuda_graph = True
 
 
+def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
+    """In the launcher, before SGLang starts: refuse bad SPECBLOCK settings with one message
+    (``ConfigError``) naming the flag or file."""
+    from sgl_spec.argv import flag_value
+    from sgl_spec.config import ConfigError
+
+    if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
+        return
+    try:
+        settings = load_settings(config)
+        model_path = flag_value(argv, "--model-path")
+        if model_path is not None:
+            _check_model_dir(settings.drafter_path, model_path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def _check_model_dir(drafter_path: str, model_path: str) -> None:
     """Refuse a drafter trained for another target, when the target is a local directory."""
     config_file = Path(model_path) / "config.json"

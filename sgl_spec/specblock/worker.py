@@ -144,7 +144,7 @@ class SpecBlockWorker(BaseSpecWorker):
             batch, capture_hidden_mode=CaptureHiddenMode.FULL
         )
         result.new_seq_lens = batch.seq_lens
-        features = self._features(result.logits_output.hidden_states)
+        hidden = result.logits_output.hidden_states
         result.logits_output.hidden_states = None
         extend_lens = torch.tensor(batch.extend_lens, dtype=torch.long, device=self.device)
         prefix_lens = torch.tensor(batch.prefix_lens, dtype=torch.long, device=self.device)
@@ -153,7 +153,7 @@ class SpecBlockWorker(BaseSpecWorker):
             batch.req_pool_indices,
             prefix_lens,
             extend_lens,
-            features,
+            hidden,
             batch.input_ids.to(torch.long),
             starts,
         )
@@ -170,11 +170,36 @@ class SpecBlockWorker(BaseSpecWorker):
         req_pool_indices: torch.Tensor,  # [bs]
         prefix_lens: torch.Tensor,  # [bs] tokens before the new ones (drafter context)
         num_new: torch.Tensor,  # [bs] new processed tokens per request (>= 1)
-        features: torch.Tensor,  # [rows, 3*d_target]
+        hidden: torch.Tensor,  # [rows, captured layers * d_target] the target's aux states
         tokens: torch.Tensor,  # [rows]
         row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
     ) -> torch.Tensor:  # [bs, d] next root condition
-        """Training's pass 1 over the new positions, in chunks; writes the drafter KV cache."""
+        """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
+        drafts next step, never a wrong output) and is logged."""
+        try:
+            features = self._features(hidden)
+            return self._drafter_extend_chunks(
+                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts
+            )
+        except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
+            logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
+            return torch.zeros(
+                req_pool_indices.shape[0],
+                self.drafter.config.hidden_size,
+                dtype=self.model_runner.dtype,
+                device=self.device,
+            )
+
+    def _drafter_extend_chunks(
+        self,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        num_new: torch.Tensor,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        row_starts: torch.Tensor,
+    ) -> torch.Tensor:
+        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         reqs = req_pool_indices.to(torch.long)
         bs = reqs.shape[0]
@@ -271,7 +296,7 @@ class SpecBlockWorker(BaseSpecWorker):
             reqs,
             seq_lens,
             accept_lens,
-            self._features(hidden),
+            hidden,
             path_tokens.reshape(-1),
             torch.arange(bs, device=dev) * width,
         )

@@ -62,30 +62,15 @@ class SpecBlockWorker(BaseSpecWorker):
         self.drafter = self._load_drafter(settings.drafter_path)
         cfg = self.drafter.config
         self.feature_index = self._capture_target_features(cfg.aux_layer_ids)
-        kv_pool = self.model_runner.token_to_kv_pool
-        layer_cfg = cfg.llama_config()
-        head_dim = getattr(layer_cfg, "head_dim", None) or cfg.hidden_size // (
-            layer_cfg.num_attention_heads
-        )
-        self.pool = DrafterKVPool(
-            num_layers=cfg.num_layers,
-            num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
-            block_size=cfg.block_size,
-            num_kv_heads=layer_cfg.num_key_value_heads,
-            head_dim=head_dim,
-            dtype=self.model_runner.dtype,
-            device=self.device,
-        )
+        self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
         logger.info(
-            "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, max nodes %d), "
-            "drafter KV cache %.1f MiB",
+            "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, max nodes %d)",
             settings.drafter_path,
             cfg.block_size,
             self.block_size,
             self.draft_settings.num_blocks,
             self.draft_settings.bucket_map,
             self.draft_settings.max_nodes,
-            self.pool.nbytes() / 2**20,
         )
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.stats = SpecBlockStats(settings.max_depth)
@@ -105,6 +90,28 @@ class SpecBlockWorker(BaseSpecWorker):
         return None
 
     # ---- set-up ------------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> DrafterKVPool:
+        """One drafter row per location of the target's KV pool (created after this worker)."""
+        if self._pool is None:
+            cfg = self.drafter.config
+            layer_cfg = cfg.llama_config()
+            head_dim = getattr(layer_cfg, "head_dim", None) or cfg.hidden_size // (
+                layer_cfg.num_attention_heads
+            )
+            kv_pool = self.model_runner.token_to_kv_pool
+            self._pool = DrafterKVPool(
+                num_layers=cfg.num_layers,
+                num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
+                block_size=cfg.block_size,
+                num_kv_heads=layer_cfg.num_key_value_heads,
+                head_dim=head_dim,
+                dtype=self.model_runner.dtype,
+                device=self.device,
+            )
+            logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
+        return self._pool
 
     def _load_drafter(self, path: str) -> SpecBlockDrafter:
         try:

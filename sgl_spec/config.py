@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, fields
 ENV_VAR = "SGLSPEC_CONFIG"
 CPU_FALLBACK_CHOICES = ("auto", "on", "off")
 MAX_MTP_K = 8
+SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}  # App. A.5
+MAX_SPECBLOCK_NODES = 256
 
 
 class ConfigError(ValueError):
@@ -28,6 +30,11 @@ class SpecConfig:
     mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
     mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
+    specblock_drafter_path: str | None = None  # --specblock-drafter-path: drafter directory
+    specblock_k: int | None = None  # --specblock-k: positions used per block (<= drafter's K)
+    specblock_m: int = 2  # --specblock-m: tree blocks (drafter forwards) per iteration
+    specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
+    specblock_max_nodes: int = 32  # --specblock-max-nodes: verified tree nodes per request
 
     def __post_init__(self) -> None:
         if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
@@ -40,6 +47,23 @@ class SpecConfig:
                 raise ConfigError(
                     f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
                 )
+        self._check_specblock()
+
+    def _check_specblock(self) -> None:
+        for flag, value, low, high in (
+            ("--specblock-k", self.specblock_k, 1, 64),
+            ("--specblock-m", self.specblock_m, 1, 16),
+            ("--specblock-max-nodes", self.specblock_max_nodes, 2, MAX_SPECBLOCK_NODES),
+        ):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{flag} must be an integer in {low}..{high}; got {value!r}")
+        specblock_bucket_map(self.specblock_branching)
+
+    @property
+    def specblock_bucket_map(self) -> tuple[int, int, int, int]:
+        return specblock_bucket_map(self.specblock_branching)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +104,48 @@ class SpecConfig:
             help="MTP_LORA with --mtp-k auto: optional prior, the JSON written by"
             " benchmarks/gamma_tolerance.py; served step times replace it once measured.",
         )
+        group.add_argument(
+            "--specblock-drafter-path",
+            dest="specblock_drafter_path",
+            default=None,
+            help="SPECBLOCK: drafter directory (config.json + model.safetensors written by"
+            " `python -m sgl_spec.specblock.train`).",
+        )
+        group.add_argument(
+            "--specblock-k",
+            dest="specblock_k",
+            default=None,
+            help="SPECBLOCK: draft positions used per block, at most the drafter's trained K"
+            " (default: its K).",
+        )
+        group.add_argument(
+            "--specblock-m",
+            dest="specblock_m",
+            default="2",
+            help="SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default 2).",
+        )
+        group.add_argument(
+            "--specblock-branching",
+            dest="specblock_branching",
+            default="default",
+            help="SPECBLOCK: siblings per rank bucket b0..b3 (App. A.5): 'default' = 2,4,10,0,"
+            " 'fallback' = 2,4,6,4, or four comma-separated integers.",
+        )
+        group.add_argument(
+            "--specblock-max-nodes",
+            dest="specblock_max_nodes",
+            default="32",
+            help="SPECBLOCK: tree nodes verified per request, root included (default 32).",
+        )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
         return cls(
+            specblock_drafter_path=ns.specblock_drafter_path,
+            specblock_k=_int_flag("--specblock-k", ns.specblock_k),
+            specblock_m=_int_flag("--specblock-m", ns.specblock_m),
+            specblock_branching=ns.specblock_branching,
+            specblock_max_nodes=_int_flag("--specblock-max-nodes", ns.specblock_max_nodes),
             cpu_defaults=ns.sgl_spec_cpu_defaults,
             cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
             mtp_lora_path=ns.mtp_lora_path,
@@ -105,6 +167,32 @@ class SpecConfig:
         if unknown:
             raise ConfigError(f"{ENV_VAR} has unknown keys: {sorted(unknown)}")
         return cls(**data)
+
+
+def _int_flag(flag: str, value: str | int | None) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{flag} must be an integer; got {value!r}") from None
+
+
+def specblock_bucket_map(value: str) -> tuple[int, int, int, int]:
+    """``--specblock-branching``: a name of App. A.5's maps or four widths ``w0,w1,w2,w3``."""
+    if value in SPECBLOCK_BRANCHING_NAMES:
+        return SPECBLOCK_BRANCHING_NAMES[value]
+    parts = str(value).split(",")
+    try:
+        widths = tuple(int(p) for p in parts)
+    except ValueError:
+        widths = ()
+    if len(widths) != 4 or min(widths) < 0 or max(widths) < 1 or max(widths) > 64:
+        raise ConfigError(
+            "--specblock-branching must be 'default' (2,4,10,0), 'fallback' (2,4,6,4) or four"
+            f" comma-separated widths in 0..64 with one > 0; got {value!r}"
+        )
+    return widths  # type: ignore[return-value]
 
 
 def split_argv(argv: list[str]) -> tuple[SpecConfig, list[str]]:

@@ -64,6 +64,9 @@ def main(argv: list[str]) -> None:
         config, sglang_argv = split_argv(argv)
         sglang_argv = prepare_model_args(sglang_argv)
         config = fill_mtp_defaults(config, sglang_argv)
+        from sgl_spec.specblock.algorithm import check_launch_args
+
+        check_launch_args(config, sglang_argv)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
     from sgl_spec.cpu_kernels.install import ensure_boot_hook

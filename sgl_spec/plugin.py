@@ -2,7 +2,7 @@
 
 SGLang calls ``register()`` in the launcher, the engine and every scheduler process. It
 registers our speculative algorithms and applies the upstream patches in ``patches/``.
-Registered: MTP_LORA (``sgl_spec/mtp/``).
+Registered: MTP_LORA (``sgl_spec/mtp/``), SPECBLOCK (``sgl_spec/specblock/``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def register() -> None:
     from sgl_spec.config import SpecConfig
     from sgl_spec.mtp import algorithm as mtp_algorithm
     from sgl_spec.patches import apply_patches
+    from sgl_spec.specblock import algorithm as specblock_algorithm
 
     config = SpecConfig.from_env()
     apply_patches(config)
     mtp_algorithm.register()
+    specblock_algorithm.register()

@@ -163,3 +163,62 @@ def specblock_drafter(seed: int = 0, **overrides: object) -> SpecBlockDrafter:
     model = SpecBlockDrafter(specblock_config(**overrides)).eval()
     model.set_draft_vocab(torch.randperm(SPECBLOCK_V)[:SPECBLOCK_VD])
     return model
+
+
+def train_specblock_drafter(
+    target_dir: Path,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    steps: int = 200,
+    block_size: int = 3,
+    aux_layer_ids: tuple[int, int, int] = (0, 0, 0),
+) -> Path:
+    """Train a small SpecBlock drafter for ``target_dir`` on the target's own greedy
+    continuations of stdlib-code prompts (the paper's §4.1 recipe, few steps) and save it.
+
+    ``aux_layer_ids`` default to layer 0 three times: on a 2-layer target that is the only
+    layer output SGLang can capture (it captures layer inputs, never the last layer's output).
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from sgl_spec.models.evaluate import greedy_continuation
+    from sgl_spec.models.export import load_model_dir
+    from sgl_spec.specblock.data import draft_vocab
+    from sgl_spec.specblock.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
+    from sgl_spec.training.loop import RunOptions
+
+    prompt_len, new_tokens, num_seqs = 16, 48, 48
+    target = load_model_dir(target_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    text = "".join((stdlib / name).read_text() for name in CORPUS_FILES["train"])
+    ids = torch.tensor(tokenizer(text)["input_ids"])
+    stride = (ids.numel() - prompt_len) // num_seqs
+    prompts = torch.stack([ids[i * stride : i * stride + prompt_len] for i in range(num_seqs)])
+    with torch.no_grad():
+        seqs = torch.cat([prompts, greedy_continuation(target, prompts, new_tokens)], dim=1)
+    d2t, _ = draft_vocab(seqs, prompt_len, target.config.vocab_size, 256)
+    drafter = build_drafter(
+        target,
+        d2t,
+        seed=seed,
+        block_size=block_size,
+        num_layers=1,
+        rank_hidden_size=32,
+        aux_layer_ids=aux_layer_ids,
+    )
+    cfg = SpecBlockTrainConfig(
+        steps=steps,
+        batch_size=8,
+        first_start=prompt_len - 1,
+        lr=3e-3,
+        warmup_steps=10,
+        rank_warmup_steps=steps // 3,
+        seed=seed,
+        bf16_autocast=False,
+    )
+    train_drafter(drafter, target, seqs, cfg, RunOptions(progress=False))
+    drafter.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,188 @@
+"""``--speculative-algorithm SPECBLOCK``: registration, start-up validation, runtime settings.
+
+SGLang sizes each decode step's KV reservation from ``speculative_num_steps`` (the depth bound
+M*K) and ``speculative_num_draft_tokens`` (the verified tree width, ``--specblock-max-nodes``).
+Our own flags come from ``SpecConfig`` (``sgl_spec/config.py``); every problem with them, the
+drafter checkpoint or its fit to the target is refused at start-up with one message naming the
+flag or file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sgl_spec.config import SpecConfig
+from sgl_spec.specblock.drafting import DraftSettings
+
+logger = logging.getLogger(__name__)
+NAME = "SPECBLOCK"
+
+
+@dataclass(frozen=True)
+class SpecBlockSettings:
+    drafter_path: str
+    block_size: int  # K positions used per block (<= the drafter's trained K)
+    draft: DraftSettings
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft.max_depth(self.block_size)
+
+
+def resolve_drafter_path(value: str | None) -> str:
+    if value is None:
+        raise ValueError(
+            "SPECBLOCK needs --specblock-drafter-path (a drafter directory trained with"
+            " `python -m sgl_spec.specblock.train`); launch through"
+            " `python -m sgl_spec.launch_server`"
+        )
+    from sgl_spec.models.registry import resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(value))
+    except ValueError as exc:
+        raise ValueError(f"--specblock-drafter-path: {exc}") from exc
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--specblock-drafter-path: {value!r} has no config.json")
+    return str(path)
+
+
+def read_drafter_config(path: str) -> Any:
+    from sgl_spec.specblock.model import CONFIG_NAME, SpecBlockConfig
+
+    try:
+        return SpecBlockConfig.from_dict(json.loads((Path(path) / CONFIG_NAME).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"--specblock-drafter-path: bad {path}/{CONFIG_NAME}: {exc}") from exc
+
+
+def check_target_fit(drafter_config: Any, target_config: Any, path: str) -> None:
+    """The drafter must read this target's features and tokens (Eq. 1, App. A.1)."""
+    problems = []
+    if drafter_config.target_hidden_size != target_config.hidden_size:
+        problems.append(
+            f"target hidden size {target_config.hidden_size} != drafter's"
+            f" {drafter_config.target_hidden_size}"
+        )
+    if drafter_config.target_vocab_size != target_config.vocab_size:
+        problems.append(
+            f"target vocab {target_config.vocab_size} != drafter's"
+            f" {drafter_config.target_vocab_size}"
+        )
+    # SGLang captures a layer's *input*: the output of the last layer is not available.
+    last = int(target_config.num_hidden_layers) - 2
+    if max(drafter_config.aux_layer_ids) > last:
+        problems.append(
+            f"aux_layer_ids {tuple(drafter_config.aux_layer_ids)} need layer outputs up to"
+            f" {last} (SGLang cannot capture the last layer's output)"
+        )
+    if problems:
+        raise ValueError(
+            f"--specblock-drafter-path: {path} does not fit the target: " + "; ".join(problems)
+        )
+
+
+def load_settings(config: SpecConfig) -> SpecBlockSettings:
+    path = resolve_drafter_path(config.specblock_drafter_path)
+    drafter_config = read_drafter_config(path)
+    k = drafter_config.block_size if config.specblock_k is None else config.specblock_k
+    if k > drafter_config.block_size:
+        raise ValueError(
+            f"--specblock-k {k} exceeds the drafter's trained block size"
+            f" {drafter_config.block_size} ({path})"
+        )
+    draft = DraftSettings(
+        num_blocks=config.specblock_m,
+        bucket_map=config.specblock_bucket_map,
+        max_nodes=config.specblock_max_nodes,
+    )
+    return SpecBlockSettings(path, k, draft)
+
+
+def runtime_settings() -> SpecBlockSettings:
+    """Settings inside the scheduler process (the config travels in the environment)."""
+    return load_settings(SpecConfig.from_env())
+
+
+class SpecBlockSpecAlgo(CustomSpecAlgo):
+    """Duck-typed SGLang algorithm: the drafter's KV lives in the worker, not in SGLang."""
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        return None
+
+    def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
+
+    def handle_server_args(self, server_args: Any) -> None:
+        settings = load_settings(SpecConfig.from_env())
+        if server_args.speculative_draft_model_path is not None:
+            raise ValueError(
+                "SPECBLOCK drafts with --specblock-drafter-path; drop"
+                " --speculative-draft-model-path"
+            )
+        for flag in ("tp_size", "pp_size", "dp_size"):
+            if int(getattr(server_args, flag, 1) or 1) != 1:
+                raise ValueError(f"SPECBLOCK supports --{flag.replace('_', '-')} 1 only for now")
+        if server_args.model_path is not None:
+            _check_model_dir(settings.drafter_path, server_args.model_path)
+        server_args.speculative_num_steps = settings.max_depth
+        server_args.speculative_eagle_topk = 1
+        server_args.speculative_num_draft_tokens = settings.draft.max_nodes
+        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
+            logger.warning("SPECBLOCK: disabling CUDA graphs (data-dependent trees)")
+            server_args.disable_cuda_graph = True
+
+
+def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
+    """In the launcher, before SGLang starts: refuse bad SPECBLOCK settings with one message
+    (``ConfigError``) naming the flag or file."""
+    from sgl_spec.argv import flag_value
+    from sgl_spec.config import ConfigError
+
+    if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
+        return
+    try:
+        settings = load_settings(config)
+        model_path = flag_value(argv, "--model-path")
+        if model_path is not None:
+            _check_model_dir(settings.drafter_path, model_path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _check_model_dir(drafter_path: str, model_path: str) -> None:
+    """Refuse a drafter trained for another target, when the target is a local directory."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(model_path)
+    check_target_fit(read_drafter_config(drafter_path), target, drafter_path)
+
+
+def register() -> None:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    @SpeculativeAlgorithm.register(NAME, supports_overlap=False, spec_class=SpecBlockSpecAlgo)
+    def _factory(server_args: Any) -> type:
+        from sgl_spec.specblock.worker import SpecBlockWorker
+
+        return SpecBlockWorker

@@ -1,0 +1,77 @@
+"""The drafter's own KV cache (paper App. A.2, source 1: "the K keys and values that every
+previously committed position produced in its own draft forward").
+
+Rows are indexed by the *target's* KV-pool location of the committed token, so the drafter
+cache follows SGLang's allocator with no bookkeeping of its own: a location's row is written
+when its token is committed (prefill, or the drafter extend after a verify), shared prefixes
+(radix cache) reuse rows that were computed from the same tokens, and a freed location's row is
+simply overwritten by its next owner. Each row holds the K slots of one block per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_spec.specblock.drafting import PrefixContext
+from sgl_spec.specblock.packing import context_visibility
+
+
+class DrafterKVPool:
+    """Per layer ``[num_rows, K, n_kv, head_dim]`` keys and values."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_rows: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_rows, block_size, num_kv_heads, head_dim)
+        self.block_size = block_size
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.keys[0].shape[0])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def write(
+        self,
+        locs: torch.Tensor,  # [n] target KV locations of the blocks' start tokens
+        kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [bs, n_kv, S*K, hd] each
+        rows: torch.Tensor,  # [n] (request, start) flat index into bs*S of each block to keep
+    ) -> None:
+        """Store the listed blocks of one drafter forward at ``locs``."""
+        k = self.block_size
+        for layer, (key, value) in enumerate(kv):
+            for pool, new in ((self.keys[layer], key), (self.values[layer], value)):
+                bs, n_kv, sk, hd = new.shape
+                blocks = new.view(bs, n_kv, sk // k, k, hd).permute(0, 2, 3, 1, 4)
+                pool[locs.long()] = blocks.reshape(-1, k, n_kv, hd)[rows.long()].to(pool.dtype)
+
+    def gather(
+        self,
+        locs: torch.Tensor,  # [bs, T] locations of each request's committed tokens, padded
+        num_tokens: torch.Tensor,  # [bs] real entries of each row
+        last_slot_only: bool,
+    ) -> PrefixContext:
+        """The drafter context of a batch (``packing.context_visibility`` for the mask)."""
+        bs, t = locs.shape
+        k = self.block_size
+        kv = []
+        for key, value in zip(self.keys, self.values, strict=True):
+            pair = []
+            for pool in (key, value):
+                rows = pool[locs.long().reshape(-1)]  # [bs*T, K, n_kv, hd]
+                n_kv, hd = rows.shape[2], rows.shape[3]
+                rows = rows.view(bs, t, k, n_kv, hd).permute(0, 3, 1, 2, 4)
+                pair.append(rows.reshape(bs, n_kv, t * k, hd))
+            kv.append((pair[0], pair[1]))
+        visible = context_visibility(num_tokens, t, k, last_slot_only)
+        return PrefixContext(kv, visible.to(locs.device))

@@ -1,0 +1,263 @@
+"""Batched SpecBlock drafting for one verifier iteration (paper Algorithm 2, App. A.2).
+
+Pure tensor code: the drafter, its cached context keys/values and per-request inputs in,
+draft trees out. The SGLang worker (``worker.py``) gathers the context from its drafter KV pool
+(``draft_kv.py``) and turns the trees into a verify batch (``packing.py``).
+
+How a decode step conditions the drafter, matching training (``trainer.chain_forward``):
+
+- *Extend* (after prefill and after every verify): one block per newly processed position
+  ``p`` -- conditioned on the target's (low, mid, top) features at ``p`` and the token ``x[p]``
+  -- exactly training's pass 1. Each block sees every slot of the blocks of earlier positions
+  (App. A.2 source 1) and is stored as the drafter's prefix context. Nothing it predicts is
+  verified; it fills the context and yields the state ``h^(L)`` at slot 1 of the last block.
+- *Tree rounds*: the next token (the verifier's bonus, position ``q + 1``) has no target
+  features yet, so the first tree block is a cross-block start with cut ``s = 1`` from the last
+  extend block (§3.3 cross-block training: condition on ``h^(L)`` at the cut slot, take the
+  verified token there, see that block's slots ``1..s`` only). Later blocks start from nodes
+  the rank head selects (``tree.expand_blocks``), conditioned on their cached ``h^(L)``, and
+  see the on-path slots of every earlier block of the iteration (App. A.2 source 2).
+
+So an iteration costs one extend forward plus up to M tree forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sgl_spec.specblock.layout import own_block_mask
+from sgl_spec.specblock.mask import ContextKV, block_attention_mask
+from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.tree import (
+    BUCKET_MAP_DEFAULT,
+    DEFAULT_START_BUCKETS,
+    DraftTree,
+    Start,
+    expand_blocks,
+    propose_from_logits,
+    prune_to_budget,
+)
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """Shape of the tree of one iteration (Algorithm 2 inputs, App. A.5 map)."""
+
+    num_blocks: int = 2  # M, tree forwards per iteration
+    bucket_map: tuple[int, int, int, int] = BUCKET_MAP_DEFAULT
+    max_nodes: int = 32  # verifier budget per request, root included
+    max_starts: int = 8  # next-block starts kept per request and round
+    fixed_width: int = 2  # siblings per position when the drafter has no rank head
+    start_buckets: tuple[int, ...] = DEFAULT_START_BUCKETS
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.max_nodes < 1 or self.max_starts < 1:
+            raise ValueError(f"num_blocks, max_nodes, max_starts must be >= 1: {self}")
+        if len(self.bucket_map) != 4 or min(self.bucket_map) < 0 or max(self.bucket_map) < 1:
+            raise ValueError(f"bucket_map needs 4 widths >= 0, one > 0: {self.bucket_map}")
+
+    def max_depth(self, block_size: int) -> int:
+        """Deepest node of a tree (root depth 0): M blocks of K positions."""
+        return self.num_blocks * block_size
+
+
+@dataclass
+class PrefixContext:
+    """Cached drafter keys/values a forward may attend to, padded across the batch."""
+
+    kv: ContextKV  # per layer: ([bs, n_kv, C, hd], same)
+    visible: torch.Tensor  # [bs, C] bool
+
+    @property
+    def num_columns(self) -> int:
+        return int(self.visible.shape[1])
+
+
+@dataclass
+class ExtendResult:
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [bs, n_kv, S*K, hd] each
+    root_cond: torch.Tensor  # [bs, d] h^(L) at slot 1 of each request's last real block
+
+
+@torch.no_grad()
+def extend_prefix(
+    drafter: SpecBlockDrafter,
+    prefix: PrefixContext,
+    features: torch.Tensor,  # [bs, S, 3*d_target] target features at each new position
+    tokens: torch.Tensor,  # [bs, S] token at each new position
+    positions: torch.Tensor,  # [bs, S] position of each new token
+    num_new: torch.Tensor,  # [bs] real new positions per request (>= 1); the rest is padding
+) -> ExtendResult:
+    """One block per new position, in training's pass-1 layout (module docstring).
+
+    Padding starts sit after the real ones, so no real query sees them (a start sees earlier
+    starts only).
+    """
+    bs, s = tokens.shape
+    k = drafter.config.block_size
+    block = block_attention_mask(k, s, device=tokens.device)  # [S*K, S*K]
+    context = prefix.visible[:, None, :].expand(bs, s * k, prefix.num_columns)
+    mask = torch.cat([context, block.expand(bs, s * k, s * k)], dim=-1)
+    out = drafter(
+        features,
+        tokens,
+        from_draft=False,
+        positions=positions,
+        context_kv=prefix.kv if prefix.num_columns else None,
+        attention_mask=mask,
+    )
+    last = (num_new.to(torch.long) - 1).clamp_min(0)
+    root_cond = out.hidden[torch.arange(bs, device=tokens.device), last, 0]
+    return ExtendResult(out.kv, root_cond)
+
+
+@dataclass
+class _Round:
+    """One tree forward: every request's starts, padded to ``width``."""
+
+    starts: list[list[Start]]
+    width: int
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer [bs, n_kv, width*K, hd]
+    hidden: torch.Tensor  # [bs, width, K, d]
+
+
+@dataclass
+class DraftResult:
+    trees: list[DraftTree]  # one per request, pruned to the budget
+    num_forwards: int  # tree forwards run (extend excluded)
+    num_blocks: list[int] = field(default_factory=list)  # blocks drafted per round
+    round_logits: list[torch.Tensor] = field(default_factory=list)  # [bs, width, K, V_d]
+
+
+def _path_rows(rounds: list[_Round], b: int, start: Start) -> list[tuple[int, int]]:
+    """(row, slot) of the block the path to ``start`` leaves in each earlier round."""
+    path: list[tuple[int, int]] = []
+    row, slot, node = start.row, start.slot, start
+    for r in range(len(rounds) - 1, -1, -1):
+        path.append((row, slot))
+        node = rounds[r].starts[b][row]
+        row, slot = node.row, node.slot
+    return path[::-1]
+
+
+def _tree_round_mask(
+    prefix_visible: torch.Tensor,  # [bs, C]
+    rounds: list[_Round],
+    starts: list[list[Start]],
+    width: int,
+    block_size: int,
+) -> torch.Tensor:  # [bs, width*K, C + sum(round widths)*K + width*K] bool
+    """Visibility of one tree forward (App. A.2, Figure 3): the prefix context, the on-path
+    slots ``0..j`` of the one block per earlier round the start's path runs through, and its
+    own block causally. Padding starts see only their own block."""
+    k = block_size
+    bs, c = prefix_visible.shape
+    cols = c + sum(r.width for r in rounds) * k
+    context = torch.zeros(bs, width, cols, dtype=torch.bool)
+    offsets, off = [], c
+    for r in rounds:
+        offsets.append(off)
+        off += r.width * k
+    for b, request_starts in enumerate(starts):
+        for i, start in enumerate(request_starts):
+            context[b, i, :c] = prefix_visible[b].cpu()
+            for (row, slot), base in zip(_path_rows(rounds, b, start), offsets, strict=True):
+                context[b, i, base + row * k : base + row * k + slot + 1] = True
+    context = context.to(prefix_visible.device).repeat_interleave(k, dim=1)
+    own = own_block_mask(k, width, prefix_visible.device).expand(bs, width * k, width * k)
+    return torch.cat([context, own], dim=-1)
+
+
+@torch.no_grad()
+def grow_trees(
+    drafter: SpecBlockDrafter,
+    prefix: PrefixContext,
+    root_cond: torch.Tensor,  # [bs, d] drafter state the first block conditions on
+    root_tokens: Sequence[int],  # [bs] the verified token each tree is rooted at
+    root_positions: torch.Tensor,  # [bs] position of the root token
+    settings: DraftSettings,
+    block_size: int | None = None,  # positions used per block, <= the drafter's K
+) -> DraftResult:
+    """Algorithm 2 lines 2-10 for a batch: up to M batched drafter forwards, then the budget.
+
+    With ``block_size`` below the drafter's K only the first positions of each block join the
+    tree (they do not depend on later ones: causal attention, shift from the previous slot).
+    """
+    k = drafter.config.block_size
+    used = k if block_size is None else block_size
+    if not 1 <= used <= k:
+        raise ValueError(f"block_size {block_size} outside 1..{k}")
+    device = root_cond.device
+    bs = len(root_tokens)
+    max_width = max(max(settings.bucket_map), settings.fixed_width)
+    trees = [DraftTree.rooted_at(t) for t in root_tokens]
+    starts: list[list[Start]] = [[Start(0)] for _ in range(bs)]
+    rounds: list[_Round] = []
+    counts: list[int] = []
+    logits_per_round: list[torch.Tensor] = []
+    context_kv = list(prefix.kv)
+    positions_base = root_positions.to(torch.long).tolist()
+    for _ in range(settings.num_blocks):
+        starts = [
+            s if trees[b].num_nodes < settings.max_nodes else [] for b, s in enumerate(starts)
+        ]
+        width = max(len(s) for s in starts)
+        if width == 0:
+            break
+        cond = torch.zeros(bs, width, root_cond.shape[-1], dtype=root_cond.dtype, device=device)
+        ids = torch.zeros(bs, width, dtype=torch.long)
+        pos = torch.zeros(bs, width, dtype=torch.long)
+        for b, request_starts in enumerate(starts):
+            for i, start in enumerate(request_starts):
+                ids[b, i] = trees[b].tokens[start.node]
+                pos[b, i] = positions_base[b] + trees[b].depth[start.node]
+                if start.row < 0:
+                    cond[b, i] = root_cond[b]
+                else:
+                    cond[b, i] = rounds[-1].hidden[b, start.row, start.slot]
+        mask = _tree_round_mask(prefix.visible, rounds, starts, width, k)
+        out = drafter(
+            cond,
+            ids.to(device),
+            from_draft=True,
+            positions=pos.to(device),
+            context_kv=context_kv if mask.shape[-1] > width * k else None,
+            attention_mask=mask,
+        )
+        rank = None if out.rank_logits is None else out.rank_logits[:, :, :used].flatten(0, 1)
+        logits = out.logits[:, :, :used].flatten(0, 1)
+        proposal = propose_from_logits(logits, drafter.d2t, rank, max_width)
+        candidates: list[list[Start]] = []
+        for b, request_starts in enumerate(starts):
+            if not request_starts:
+                candidates.append([])
+                continue
+            rows = slice(b * width, b * width + len(request_starts))
+            sub = type(proposal)(
+                proposal.top_tokens[rows].cpu(),
+                proposal.top_logprobs[rows].cpu(),
+                None if proposal.buckets is None else proposal.buckets[rows].cpu(),
+            )
+            found = expand_blocks(
+                trees[b],
+                request_starts,
+                sub,
+                settings.bucket_map,
+                settings.fixed_width,
+                settings.start_buckets,
+            )
+            found.sort(key=lambda s, t=trees[b]: (-t.score[s.node], s.node))
+            candidates.append(found[: settings.max_starts])
+        rounds.append(_Round(starts, width, out.kv, out.hidden))
+        counts.append(sum(len(s) for s in starts))
+        logits_per_round.append(out.logits)
+        context_kv = [
+            (torch.cat([ck, nk], dim=2), torch.cat([cv, nv], dim=2))
+            for (ck, cv), (nk, nv) in zip(context_kv, out.kv, strict=True)
+        ]
+        starts = candidates
+    pruned = [prune_to_budget(tree, settings.max_nodes)[0] for tree in trees]
+    return DraftResult(pruned, len(rounds), counts, logits_per_round)

@@ -1,0 +1,115 @@
+"""Pack a batch of SpecBlock draft trees into one target-verify input (paper App. A.2 / Alg. 2
+line 11) and index the drafter KV pool's context. Pure functions of trees and lengths.
+
+SGLang's target-verify forward takes the same number of tokens per request, so every tree is
+padded to ``width`` nodes. A padding node has token 0, sits at the root's position, sees only
+the prefix and itself, and is linked into no tree (``retrieve_next_token`` /
+``retrieve_next_sibling`` never reach it), so verification never accepts it; its KV lands in
+the step's reserved slots past the committed length and is overwritten later.
+
+Mask formats follow SGLang's ``TreeMaskMode`` (``QLEN_ONLY`` for the CPU kernel: per request
+the ``[width, width]`` node block; ``FULL_MASK`` for GPU kernels: per request
+``[width, seq_len + width]`` with the prefix columns set), flattened and concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sgl_spec.specblock.tree import DraftTree, build_verify_input
+
+QLEN_ONLY = 1
+FULL_MASK = 0
+
+
+@dataclass
+class PackedTrees:
+    """One verify batch of ``bs`` trees padded to ``width`` nodes each."""
+
+    draft_tokens: torch.Tensor  # [bs * width] root first in each row
+    positions: torch.Tensor  # [bs * width] seq_len + depth
+    custom_mask: torch.Tensor  # flat bool in the requested format
+    retrieve_index: torch.Tensor  # [bs, width] flat node index b * width + i
+    retrieve_next_token: torch.Tensor  # [bs, width] first child, -1 for none
+    retrieve_next_sibling: torch.Tensor  # [bs, width] next sibling, -1 for none
+    num_nodes: list[int]  # real nodes per tree
+    width: int
+    max_depth: int  # deepest real node (root depth 0)
+
+
+def pack_trees(
+    trees: Sequence[DraftTree],
+    seq_lens: Sequence[int],  # [bs] committed length; the root sits at position seq_len
+    width: int,
+    mask_format: int = QLEN_ONLY,
+) -> PackedTrees:
+    """Flatten, pad and concatenate ``trees`` (see module docstring)."""
+    bs = len(trees)
+    tokens = torch.zeros(bs, width, dtype=torch.long)
+    positions = torch.zeros(bs, width, dtype=torch.long)
+    next_token = torch.full((bs, width), -1, dtype=torch.long)
+    next_sibling = torch.full((bs, width), -1, dtype=torch.long)
+    masks: list[torch.Tensor] = []
+    num_nodes, max_depth = [], 0
+    for b, (tree, seq_len) in enumerate(zip(trees, seq_lens, strict=True)):
+        n = tree.num_nodes
+        if n > width:
+            raise ValueError(f"tree {b} has {n} nodes, more than the verify width {width}")
+        inp = build_verify_input(tree, int(seq_len))
+        tokens[b, :n] = inp.draft_tokens
+        positions[b] = int(seq_len)
+        positions[b, :n] = inp.positions
+        next_token[b, :n] = inp.retrieve_next_token
+        next_sibling[b, :n] = inp.retrieve_next_sibling
+        vis = torch.eye(width, dtype=torch.bool)
+        vis[:n, :n] = inp.tree_mask
+        if mask_format == FULL_MASK:
+            vis = torch.cat([torch.ones(width, int(seq_len), dtype=torch.bool), vis], dim=1)
+        elif mask_format != QLEN_ONLY:
+            raise ValueError(f"unsupported tree mask format {mask_format}")
+        masks.append(vis.reshape(-1))
+        num_nodes.append(n)
+        max_depth = max(max_depth, max(tree.depth))
+    index = torch.arange(bs * width, dtype=torch.long).view(bs, width)
+    return PackedTrees(
+        draft_tokens=tokens.reshape(-1),
+        positions=positions.reshape(-1),
+        custom_mask=torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool),
+        retrieve_index=index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        num_nodes=num_nodes,
+        width=width,
+        max_depth=max_depth,
+    )
+
+
+def accepted_path(
+    accept_index: torch.Tensor,  # [bs, D+1] flat node index of each accepted node, -1 padded
+    width: int,
+) -> list[list[int]]:
+    """Per request, the accepted nodes (root first) as indices into its own tree."""
+    rows = accept_index.to(torch.long).cpu().tolist()
+    return [[i - b * width for i in row if i >= 0] for b, row in enumerate(rows)]
+
+
+def context_visibility(
+    num_tokens: torch.Tensor,  # [bs] committed tokens with drafter context
+    max_tokens: int,
+    block_size: int,
+    last_slot_only: bool,
+) -> torch.Tensor:  # [bs, max_tokens * K] bool
+    """Which cached drafter keys a forward sees: every slot of each committed position's block;
+    with ``last_slot_only`` only slot 1 of the last position's block, the cut ``s = 1`` of a
+    cross-block start from it (``drafting`` module docstring)."""
+    t = torch.arange(max_tokens, device=num_tokens.device)
+    n = num_tokens.to(torch.long)[:, None, None]
+    valid = (t[None, :, None] < n).expand(-1, -1, block_size).clone()
+    if last_slot_only:
+        slot = torch.arange(block_size, device=num_tokens.device)
+        last = t[None, :, None] == n - 1
+        valid &= ~(last & (slot[None, None, :] > 0))
+    return valid.reshape(num_tokens.shape[0], max_tokens * block_size)

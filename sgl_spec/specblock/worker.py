@@ -1,0 +1,363 @@
+"""SPECBLOCK worker: SGLang glue around the pure drafting, packing and verification pieces.
+
+Per decode step (paper Algorithm 2): grow every request's tree with up to M batched drafter
+forwards (``drafting.grow_trees``), pack the trees into one TARGET_VERIFY batch with their
+ancestor masks (``packing``), verify them in one target forward with SGLang's own tree verify
+(``run_eagle_verify``: greedy longest matching path, or multi-candidate rejection sampling over
+siblings -- on CPU hosts our PyTorch sampler, ``sgl_spec/patches/cpu_spec_sampling``), which
+also moves the accepted path's KV to the front of the step's slots; the rest of the slots stay
+in the step's reservation and are overwritten by later steps. Then one drafter *extend* forward
+over the accepted tokens, on the target features the verify forward captured, fills the
+drafter's KV cache (``draft_kv``) and yields the next tree's condition.
+
+Prefill is SGLang's target extend with the (low, mid, top) features captured as for EAGLE-3,
+followed by the drafter extend over the prompt. A drafting failure degrades to verifying the
+root alone (plain decoding) and is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import torch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+
+from sgl_spec.specblock.algorithm import check_target_fit, runtime_settings
+from sgl_spec.specblock.draft_kv import DrafterKVPool
+from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
+from sgl_spec.specblock.info import SpecBlockDraftInput, SpecBlockVerifyInput
+from sgl_spec.specblock.model import CheckpointError, SpecBlockDrafter
+from sgl_spec.specblock.packing import accepted_path, pack_trees
+from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
+from sgl_spec.specblock.tree import DraftTree
+
+logger = logging.getLogger(__name__)
+LOG_EVERY_STEPS = 50
+EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
+# run_eagle_verify compacts the accepted path (KV, hidden states) to the front only for
+# topk > 1; our trees are irregular, any value > 1 selects that path.
+_TREE_VERIFY_TOPK = 2
+
+
+class SpecBlockWorker(BaseSpecWorker):
+    """Wraps the target worker; the drafter and its KV pool live here."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+        super().__init__()
+        settings = runtime_settings()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = target_worker.device
+        self.settings = settings
+        self.draft_settings = settings.draft
+        self.block_size = settings.block_size
+        self.drafter = self._load_drafter(settings.drafter_path)
+        cfg = self.drafter.config
+        self.feature_index = self._capture_target_features(cfg.aux_layer_ids)
+        self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
+        logger.info(
+            "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, max nodes %d)",
+            settings.drafter_path,
+            cfg.block_size,
+            self.block_size,
+            self.draft_settings.num_blocks,
+            self.draft_settings.bucket_map,
+            self.draft_settings.max_nodes,
+        )
+        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
+        self.stats = SpecBlockStats(settings.max_depth)
+        # Read by SGLang's speculative infrastructure.
+        self.speculative_num_steps = settings.max_depth
+        self.speculative_num_draft_tokens = self.draft_settings.max_nodes
+        self.topk = 1
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        # Scheduler-facing methods this wrapper lacks belong to the target worker.
+        if name == "_target_worker":
+            raise AttributeError(name)
+        return getattr(self._target_worker, name)
+
+    @property
+    def draft_worker(self):  # noqa: ANN201
+        return None
+
+    # ---- set-up ------------------------------------------------------------------------------
+
+    @property
+    def pool(self) -> DrafterKVPool:
+        """One drafter row per location of the target's KV pool (created after this worker)."""
+        if self._pool is None:
+            cfg = self.drafter.config
+            layer_cfg = cfg.llama_config()
+            head_dim = getattr(layer_cfg, "head_dim", None) or cfg.hidden_size // (
+                layer_cfg.num_attention_heads
+            )
+            kv_pool = self.model_runner.token_to_kv_pool
+            self._pool = DrafterKVPool(
+                num_layers=cfg.num_layers,
+                num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
+                block_size=cfg.block_size,
+                num_kv_heads=layer_cfg.num_key_value_heads,
+                head_dim=head_dim,
+                dtype=self.model_runner.dtype,
+                device=self.device,
+            )
+            logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
+        return self._pool
+
+    def _load_drafter(self, path: str) -> SpecBlockDrafter:
+        try:
+            drafter = SpecBlockDrafter.from_pretrained(path)
+        except CheckpointError as exc:
+            raise ValueError(f"--specblock-drafter-path: {exc}") from exc
+        check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
+        return drafter.to(device=self.device, dtype=self.model_runner.dtype).eval()
+
+    def _capture_target_features(self, layer_ids: tuple[int, ...]) -> torch.Tensor:
+        """Ask the target for the outputs of ``layer_ids`` as EAGLE-3 does; SGLang captures
+        each layer once, in layer order, so repeated ids are re-expanded here."""
+        unique = sorted(set(layer_ids))
+        self.model_runner.model.set_eagle3_layers_to_capture(unique)
+        d = self.drafter.config.target_hidden_size
+        index = [unique.index(i) * d + j for i in layer_ids for j in range(d)]
+        return torch.tensor(index, dtype=torch.long, device=self.device)
+
+    def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
+        return hidden_states.index_select(-1, self.feature_index).to(self.model_runner.dtype)
+
+    # ---- entry point -------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
+        if batch.forward_mode.is_extend():
+            return self._forward_prefill(batch)
+        if batch.forward_mode.is_decode():
+            return self._forward_decode(batch)
+        raise RuntimeError(
+            f"SPECBLOCK expected an EXTEND or DECODE batch, got {batch.forward_mode}"
+        )
+
+    # ---- prefill -----------------------------------------------------------------------------
+
+    def _forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        result = self._target_worker.forward_batch_generation(
+            batch, capture_hidden_mode=CaptureHiddenMode.FULL
+        )
+        result.new_seq_lens = batch.seq_lens
+        hidden = result.logits_output.hidden_states
+        result.logits_output.hidden_states = None
+        extend_lens = torch.tensor(batch.extend_lens, dtype=torch.long, device=self.device)
+        prefix_lens = torch.tensor(batch.prefix_lens, dtype=torch.long, device=self.device)
+        starts = torch.cumsum(extend_lens, 0) - extend_lens
+        root_cond = self._drafter_extend(
+            batch.req_pool_indices,
+            prefix_lens,
+            extend_lens,
+            hidden,
+            batch.input_ids.to(torch.long),
+            starts,
+        )
+        if isinstance(result.next_token_ids, torch.Tensor):
+            result.next_draft_input = SpecBlockDraftInput(
+                bonus_tokens=result.next_token_ids.reshape(-1).to(torch.int64),
+                root_cond=root_cond,
+                new_seq_lens=batch.seq_lens,
+            )
+        return result
+
+    def _drafter_extend(
+        self,
+        req_pool_indices: torch.Tensor,  # [bs]
+        prefix_lens: torch.Tensor,  # [bs] tokens before the new ones (drafter context)
+        num_new: torch.Tensor,  # [bs] new processed tokens per request (>= 1)
+        hidden: torch.Tensor,  # [rows, captured layers * d_target] the target's aux states
+        tokens: torch.Tensor,  # [rows]
+        row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
+    ) -> torch.Tensor:  # [bs, d] next root condition
+        """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
+        drafts next step, never a wrong output) and is logged."""
+        try:
+            features = self._features(hidden)
+            return self._drafter_extend_chunks(
+                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts
+            )
+        except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
+            logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
+            return torch.zeros(
+                req_pool_indices.shape[0],
+                self.drafter.config.hidden_size,
+                dtype=self.model_runner.dtype,
+                device=self.device,
+            )
+
+    def _drafter_extend_chunks(
+        self,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        num_new: torch.Tensor,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        row_starts: torch.Tensor,
+    ) -> torch.Tensor:
+        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        reqs = req_pool_indices.to(torch.long)
+        bs = reqs.shape[0]
+        root_cond = torch.zeros(
+            bs, self.drafter.config.hidden_size, dtype=self.model_runner.dtype, device=self.device
+        )
+        max_new = int(num_new.max()) if bs else 0
+        for offset in range(0, max_new, EXTEND_CHUNK):
+            count = (num_new - offset).clamp(min=0, max=EXTEND_CHUNK)  # [bs]
+            active = count > 0
+            s = int(count.max())
+            cols = torch.arange(s, device=self.device)
+            valid = cols[None, :] < count[:, None]  # [bs, s]
+            rows = (row_starts[:, None] + offset + cols[None, :]).clamp(max=tokens.shape[0] - 1)
+            positions = prefix_lens[:, None] + offset + cols[None, :]
+            context_len = prefix_lens + offset
+            prefix = self._gather_context(reqs, context_len, last_slot_only=False)
+            out = extend_prefix(
+                self.drafter,
+                prefix,
+                features[rows],
+                torch.where(valid, tokens[rows], 0),
+                positions,
+                count.clamp(min=1),
+            )
+            locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
+            keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
+            self.pool.write(locs.reshape(-1)[keep], out.kv, keep)
+            is_last = active & (num_new <= offset + EXTEND_CHUNK)
+            root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
+        return root_cond
+
+    def _gather_context(self, reqs: torch.Tensor, num_tokens: torch.Tensor, last_slot_only: bool):  # noqa: ANN202
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        t = max(int(num_tokens.max()), 1)
+        cols = torch.arange(t, device=self.device)
+        locs = req_to_token[reqs[:, None], cols[None, :]]
+        locs = torch.where(cols[None, :] < num_tokens[:, None], locs, 0)
+        return self.pool.gather(locs, num_tokens, last_slot_only)
+
+    # ---- decode step -------------------------------------------------------------------------
+
+    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        tic = time.perf_counter()
+        state: SpecBlockDraftInput = batch.spec_info
+        reqs = batch.req_pool_indices.to(torch.long)
+        seq_lens = batch.seq_lens.to(torch.long)
+        seq_lens_list = seq_lens.tolist()
+        roots = state.bonus_tokens.to(torch.long).tolist()
+        drafted = self._draft(reqs, seq_lens, state, roots)
+        draft_s = time.perf_counter() - tic
+        width = self.draft_settings.max_nodes
+        packed = pack_trees(drafted.trees, seq_lens_list, width, int(self._mask_mode()))
+        dev = self.device
+        batch.spec_info = SpecBlockVerifyInput(
+            draft_token=packed.draft_tokens.to(dev),
+            custom_mask=packed.custom_mask.to(dev),
+            positions=packed.positions.to(dev),
+            retrieve_index=packed.retrieve_index.to(dev),
+            retrieve_next_token=packed.retrieve_next_token.to(dev),
+            retrieve_next_sibling=packed.retrieve_next_sibling.to(dev),
+            retrieve_cum_len=None,
+            spec_steps=self.settings.max_depth,
+            topk=-1,
+            draft_token_num=width,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=None,
+            seq_lens_cpu=None,
+        )
+        result = run_eagle_verify(
+            batch,
+            target_worker=self._target_worker,
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+            plan_stream=None,
+            plan_stream_ctx=contextlib.nullcontext(),
+            topk=_TREE_VERIFY_TOPK,
+            num_draft_tokens=width,
+            device=dev,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+        )
+        accept_lens = result.accept_lens.to(torch.long)  # accepted drafts + 1 (root included)
+        hidden = result.logits_output.hidden_states  # accepted path compacted to the front
+        result.logits_output.hidden_states = None
+        tic_extend = time.perf_counter()
+        bs = len(roots)
+        accept_index = result.accept_index.to(torch.long)[:, :width]  # [bs, <= width]
+        path_tokens = torch.zeros(bs, width, dtype=torch.long, device=dev)
+        path_tokens[:, : accept_index.shape[1]] = packed.draft_tokens.to(dev)[
+            accept_index.clamp(min=0)
+        ]
+        root_cond = self._drafter_extend(
+            reqs,
+            seq_lens,
+            accept_lens,
+            hidden,
+            path_tokens.reshape(-1),
+            torch.arange(bs, device=dev) * width,
+        )
+        draft_s += time.perf_counter() - tic_extend
+        result.next_draft_input = SpecBlockDraftInput(
+            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
+            root_cond=root_cond,
+            new_seq_lens=result.new_seq_lens,
+        )
+        self._observe(drafted, packed.num_nodes, result.accept_index, width, draft_s, tic)
+        return result
+
+    def _draft(self, reqs, seq_lens, state, roots) -> DraftResult:  # noqa: ANN001
+        """Grow the trees; on any drafter failure verify the roots alone (plain decoding)."""
+        try:
+            prefix = self._gather_context(reqs, seq_lens, last_slot_only=True)
+            return grow_trees(
+                self.drafter,
+                prefix,
+                state.root_cond.to(self.model_runner.dtype),
+                roots,
+                seq_lens,
+                self.draft_settings,
+                block_size=self.block_size,
+            )
+        except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
+            logger.exception("SPECBLOCK: drafting failed; verifying without drafts this step")
+            return DraftResult([DraftTree.rooted_at(t) for t in roots], 0)
+
+    def _mask_mode(self):  # noqa: ANN202
+        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
+        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
+
+    def _observe(
+        self,
+        drafted: DraftResult,
+        num_nodes: list[int],
+        accept_index: torch.Tensor,  # [bs, D+1]
+        width: int,
+        draft_s: float,
+        tic: float,
+    ) -> None:
+        paths = accepted_path(accept_index, width)
+        offered = [
+            offered_depth(tree.parents, path)
+            for tree, path in zip(drafted.trees, paths, strict=True)
+        ]
+        self.stats.record_step(
+            [len(p) - 1 for p in paths],
+            offered,
+            num_nodes,
+            drafted.num_forwards + 1,
+            draft_s,
+            time.perf_counter() - tic,
+        )
+        if self.stats.steps % LOG_EVERY_STEPS == 0:
+            logger.info(self.stats.summary())

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
 from sgl_spec.config import SpecConfig
+from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
 
 logger = logging.getLogger(__name__)
 NAME = "MTP_LORA"
@@ -136,26 +135,8 @@ def runtime_settings(model_runner: Any) -> MtpSettings:
     return load_settings(SpecConfig.from_env())
 
 
-class MtpSpecAlgo(CustomSpecAlgo):
+class MtpSpecAlgo(OwnDraftStateSpecAlgo):
     """Duck-typed SGLang algorithm: single model, no draft KV pool."""
-
-    def has_draft_kv(self) -> bool:
-        return False
-
-    # Methods SGLang's enum has and its CustomSpecAlgo base lacks (0.5.23).
-    def carries_draft_hidden_states(self) -> bool:
-        return False
-
-    def need_topk(self) -> bool:
-        return False
-
-    def get_platform_worker_cls(self) -> type | None:
-        return None
-
-    def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
 
     def handle_server_args(self, server_args: Any) -> None:
         settings = load_settings(SpecConfig.from_env())
@@ -163,9 +144,7 @@ class MtpSpecAlgo(CustomSpecAlgo):
             raise ValueError(
                 "MTP_LORA drafts with the target itself; drop --speculative-draft-model-path"
             )
-        for flag in ("tp_size", "pp_size", "dp_size"):
-            if int(getattr(server_args, flag, 1) or 1) != 1:
-                raise ValueError(f"MTP_LORA supports --{flag.replace('_', '-')} 1 only for now")
+        require_single_rank("MTP_LORA", server_args)
         k = settings.max_k
         server_args.speculative_num_steps = max(k, 1)
         server_args.speculative_eagle_topk = 1

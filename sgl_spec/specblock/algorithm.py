@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
 from sgl_spec.config import SpecConfig
+from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
 from sgl_spec.specblock.drafting import DraftSettings
 
 logger = logging.getLogger(__name__)
@@ -110,25 +109,8 @@ def runtime_settings() -> SpecBlockSettings:
     return load_settings(SpecConfig.from_env())
 
 
-class SpecBlockSpecAlgo(CustomSpecAlgo):
+class SpecBlockSpecAlgo(OwnDraftStateSpecAlgo):
     """Duck-typed SGLang algorithm: the drafter's KV lives in the worker, not in SGLang."""
-
-    def has_draft_kv(self) -> bool:
-        return False
-
-    def carries_draft_hidden_states(self) -> bool:
-        return False
-
-    def need_topk(self) -> bool:
-        return False
-
-    def get_platform_worker_cls(self) -> type | None:
-        return None
-
-    def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
 
     def handle_server_args(self, server_args: Any) -> None:
         settings = load_settings(SpecConfig.from_env())
@@ -137,9 +119,7 @@ class SpecBlockSpecAlgo(CustomSpecAlgo):
                 "SPECBLOCK drafts with --specblock-drafter-path; drop"
                 " --speculative-draft-model-path"
             )
-        for flag in ("tp_size", "pp_size", "dp_size"):
-            if int(getattr(server_args, flag, 1) or 1) != 1:
-                raise ValueError(f"SPECBLOCK supports --{flag.replace('_', '-')} 1 only for now")
+        require_single_rank("SPECBLOCK", server_args)
         if server_args.model_path is not None:
             _check_model_dir(settings.drafter_path, server_args.model_path)
         server_args.speculative_num_steps = settings.max_depth

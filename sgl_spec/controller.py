@@ -23,7 +23,9 @@ S = λ(k)·T(0)/T(k) replaces equation 1 there (the measured T(k) already includ
 δ is folded in). Without a table an unmeasured k is bounded by the step times of the smaller
 k measured so far (more tokens per request never cost less): it is probed only if that
 optimistic bound could beat k = 0, so a host where one draft already costs too much pays for
-measuring k = 1 only. Periodic probes keep every estimate fresh: a probe of k = 0 refreshes
+measuring k = 1 only. τ(k) measured at a smaller batch size bounds it too (τ does not rise
+with batch size), so a new batch-size bucket -- a serving run passes through many while its
+batch fills and drains -- probes only the k that a smaller batch left worth trying. Periodic probes keep every estimate fresh: a probe of k = 0 refreshes
 T(0) while speculating, a probe of k > 0 refreshes its T(k) and α while speculation is off --
 at intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it.
 """
@@ -227,13 +229,29 @@ class StepTimes:
         self._counts[key] = self._counts.get(key, 0) + 1
 
     def get(self, batch_size: int, k: int) -> float | None:
-        key = (batch_bucket(batch_size), k)
-        if self._counts.get(key, 0) < self.min_samples:
-            return None
-        return statistics.median(self._samples[key])
+        return self._get_bucket(batch_bucket(batch_size), k)
 
     def count(self, batch_size: int, k: int) -> int:
         return self._counts.get((batch_bucket(batch_size), k), 0)
+
+    def tau_from_smaller_batch(self, batch_size: int, k: int) -> float | None:
+        """T(0)/T(k) of the nearest smaller batch-size bucket where both are measured.
+
+        τ does not rise with batch size (a larger batch leaves less idle compute for the extra
+        tokens, seed paper §4.1), so this bounds τ(k) of ``batch_size``'s bucket from above
+        before that bucket has measured k itself."""
+        bucket = batch_bucket(batch_size)
+        below = sorted({b for b, j in self._samples if j == k and b < bucket}, reverse=True)
+        for b in below:
+            t0, tk = self._get_bucket(b, 0), self._get_bucket(b, k)
+            if t0 is not None and tk is not None:
+                return t0 / tk
+        return None
+
+    def _get_bucket(self, bucket: int, k: int) -> float | None:
+        if self._counts.get((bucket, k), 0) < self.min_samples:
+            return None
+        return statistics.median(self._samples[(bucket, k)])
 
 
 # --- the controller -------------------------------------------------------------------------
@@ -311,8 +329,8 @@ class Decision:
     ``gamma`` is the tokens per request of the verify forward, ``tau`` = τ(gamma), ``lam`` the
     predicted acceptance length; ``explore`` marks a k tried only to refresh an estimate.
     ``source`` says where τ came from: "measured" (served step times, τ = T(0)/T(k)),
-    "table" (the γ table), "bound" (no table, T(k) not measured yet: τ = T(0)/T(j) for the
-    largest measured j < k, an upper bound), "prior" (nothing known yet; τ = 1) or "calibrate"
+    "table" (the γ table), "bound" (no table, T(k) not measured yet: the smallest τ(j), j <= k, measured in this
+    batch-size bucket or the nearest smaller one -- an upper bound, since T(k) >= T(j)), "prior" (nothing known yet; τ = 1) or "calibrate"
     (k = 0 run to measure T(0))."""
 
     k: int
@@ -385,11 +403,16 @@ class SpeculationController:
         if self.table is None:
             if t0 is None or k == 0:
                 return Decision(k, lam if k else 1.0, gamma, 1.0, lam, source="prior")
-            # T(k) >= T(j) for every j < k: the largest measured one bounds τ(k) from above.
-            slowest = max(
-                t for t in (self.times.get(batch_size, j) for j in range(k)) if t is not None
-            )
-            tau = t0 / slowest
+            # T(k) >= T(j) for every j < k, so τ(k) <= τ(j) for every j <= k known here or,
+            # not yet measured here, at a smaller batch size; the tightest bound counts.
+            tau = 1.0
+            for j in range(1, k + 1):
+                tj = self.times.get(batch_size, j) if j < k else None
+                bound = (
+                    t0 / tj if tj is not None else self.times.tau_from_smaller_batch(batch_size, j)
+                )
+                if bound is not None:
+                    tau = min(tau, bound)
             return Decision(k, lam * tau, gamma, tau, lam, source="bound")
         tau = self.table.tau(batch_size, ctx_len, gamma)
         if k == 0:

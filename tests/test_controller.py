@@ -415,3 +415,31 @@ def test_switch_on_margin_is_hysteresis() -> None:
     assert all(off.choose_k(1, 128) == 0 for _ in range(5))  # not worth switching on
     with pytest.raises(ValueError, match="switch_on_margin"):
         ControllerConfig(switch_on_margin=-1.0)
+
+
+def test_new_batch_bucket_is_bounded_by_a_smaller_measured_batch() -> None:
+    # bs 1 measures that one draft costs 3 plain steps; bs 8 then only calibrates k = 0.
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    ctrl.table = None
+    slow_draft = lambda k, bs: 0.01 * (1 + 2 * min(k, 1))  # noqa: E731
+    run(ctrl, 1, 10, seconds=slow_draft)
+    at_8 = run(ctrl, 8, 10, seconds=slow_draft)
+    assert [d.k for d in at_8] == [0] * 10  # no probe of k = 1 at bs 8
+    bound = ctrl.predict(1, 8, 256)
+    assert bound.source == "bound" and bound.tau == pytest.approx(1 / 3)
+    # Where the smaller batch found drafts cheap, the new bucket still measures them itself.
+    cheap = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    cheap.table = None
+    run(cheap, 1, 12, seconds=lambda k, bs: 0.01)
+    at_8 = run(cheap, 8, 6, seconds=step_seconds)
+    assert [d.k for d in at_8] == [0, 0, 1, 1, 0, 0]  # k = 1 measured at bs 8: too dear
+    assert cheap.predict(1, 8, 256).source == "measured"
+
+
+def test_a_larger_batch_does_not_bound_a_smaller_one() -> None:
+    ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=2, explore_every=0)
+    ctrl.table = None
+    run(ctrl, 32, 10, seconds=lambda k, bs: 0.01 * (1 + 2 * min(k, 1)))
+    at_1 = run(ctrl, 1, 4, seconds=lambda k, bs: 0.01)
+    assert [d.k for d in at_1] == [0, 0, 1, 1]  # bs 1 probes k = 1 on its own
+    assert ctrl.times.tau_from_smaller_batch(1, 1) is None

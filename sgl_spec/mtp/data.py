@@ -122,6 +122,11 @@ def greedy_dataset(
     made), so a model card can state the cost of a cached data set.
     """
     corpus_file = corpus_dir / f"{spec.split}.jsonl"
+    if not corpus_file.is_file():
+        raise FileNotFoundError(
+            f"corpus split {corpus_file} not found; build it with "
+            "`python -m sgl_spec.models.train corpus`"
+        )
     key = cache_key(spec, weights_sha256(target_dir), file_sha256(corpus_file), chunk)
     out_dir = cache_dir / f"greedy-{spec.split}-{key}"
     out_dir.mkdir(parents=True, exist_ok=True)

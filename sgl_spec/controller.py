@@ -275,7 +275,11 @@ class ControllerConfig:
     their median.
     ``switch_on_margin``: extra margin to turn speculation on while it is off -- the first
     step after k = 0 has no drafts to verify (it pays T(k) for one token), so a marginal
-    predicted gain would be eaten by switching back and forth."""
+    predicted gain would be eaten by switching back and forth.
+    ``warmup_steps``: with calibration, the first steps a server runs are plain (k = 0) and
+    their times are not recorded: lazy initialisation makes them several times slower than the
+    rest, and T(0) is the reference every τ is measured against. T(0) then counts as measured
+    only after a full ``time_window`` of plain steps (they cost nothing extra)."""
 
     k_max: int = 4
     alpha_prior: float | tuple[float, ...] = 0.7
@@ -286,6 +290,7 @@ class ControllerConfig:
     calibrate_steps: int = 0
     time_window: int = 9
     switch_on_margin: float = 0.0
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -309,6 +314,8 @@ class ControllerConfig:
             raise ValueError(f"explore_every must be >= 0, got {self.explore_every}")
         if self.probe_steps < 1:
             raise ValueError(f"probe_steps must be >= 1, got {self.probe_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.calibrate_steps < 0:
             raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
         if self.time_window < max(self.calibrate_steps, 1):
@@ -375,6 +382,7 @@ class SpeculationController:
             window=self.config.time_window, min_samples=max(self.config.calibrate_steps, 1)
         )
         self.num_steps_off = 0  # consecutive steps at k = 0
+        self.num_steps_seen = 0  # steps reported to observe_step, warm-up included
         self.num_steps_on = 0  # consecutive steps at k > 0
         self._backoff = 1  # explore_every multiplier while speculation stays off
         self._probe: tuple[int, int] | None = None  # (k, steps left)
@@ -440,6 +448,8 @@ class SpeculationController:
             self._probe = (k, left - 1) if left > 1 else None
             return replace(self.predict(k, batch_size, ctx_len), explore=True)
         if self.calibrating:
+            if self.num_steps_seen < self.config.warmup_steps:
+                return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
             needed = self._calibration_step(batch_size, ctx_len)
             if needed is not None:
                 return needed
@@ -468,7 +478,9 @@ class SpeculationController:
         """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
         increasing order (a probe long enough to be measured) unless the bound from the smaller
         k already rules it out."""
-        if self.times.get(batch_size, 0) is None:
+        if self.times.get(batch_size, 0) is None or (
+            self.config.warmup_steps and self.times.count(batch_size, 0) < self.times.window
+        ):
             return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
         if self.table is None:
             for k in range(1, self.config.k_max + 1):
@@ -492,7 +504,8 @@ class SpeculationController:
 
     def observe_step(self, k: int, batch_size: int, seconds: float) -> None:
         """A served step with ``k`` drafts for ``batch_size`` requests took ``seconds``."""
-        if self.calibrating:
+        self.num_steps_seen += 1
+        if self.calibrating and self.num_steps_seen > self.config.warmup_steps:
             self.times.update(batch_size, k, seconds)
 
     def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:

@@ -443,3 +443,25 @@ def test_a_larger_batch_does_not_bound_a_smaller_one() -> None:
     at_1 = run(ctrl, 1, 4, seconds=lambda k, bs: 0.01)
     assert [d.k for d in at_1] == [0, 0, 1, 1]  # bs 1 probes k = 1 on its own
     assert ctrl.times.tau_from_smaller_batch(1, 1) is None
+
+
+def test_warmup_steps_are_plain_and_unrecorded_then_t0_needs_a_full_window() -> None:
+    # A fresh server: the first 4 steps cost 10x. Recorded, they would make T(0) look so dear
+    # that k = 1 (2x a steady plain step) seemed to pay; warm-up keeps them out.
+    def fresh(k: int, bs: int, seen=[0]) -> float:  # noqa: B006
+        seen[0] += 1
+        base = 0.01 * (1 + min(k, 1))
+        return base * 10 if seen[0] <= 4 else base
+
+    ctrl = controller(
+        MEMORY_BOUND, alpha_prior=0.5, calibrate_steps=3, explore_every=0, warmup_steps=4
+    )
+    ctrl.table = None
+    decisions = run(ctrl, 1, 40, seconds=fresh)
+    assert [d.k for d in decisions[:13]] == [0] * 13  # 4 warm-up + a window of 9 plain steps
+    assert ctrl.times.count(1, 0) == 40 - 4 - 3  # warm-up steps are not recorded
+    assert [d.k for d in decisions[13:16]] == [1, 1, 1]  # then k = 1 is measured once
+    assert all(d.k == 0 for d in decisions[16:])  # λ(1) = 1.5 < T(1)/T(0) = 2
+    assert ctrl.predict(1, 1, 256).tau == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        ControllerConfig(warmup_steps=-1)

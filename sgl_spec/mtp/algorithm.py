@@ -92,6 +92,9 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
 # steps; probes last two steps so that the second verifies real drafts and updates α. A probe
 # or a switch back on costs a step without drafts, hence rare probes and a margin to switch on.
 CALIBRATE_STEPS = 3
+# A fresh server's first decode steps run several times slower than the rest (lazy
+# initialisation); with them in T(0) a k > 0 looked cheap and ran for hundreds of steps.
+WARMUP_STEPS = 16
 PROBE_STEPS = 2
 EXPLORE_EVERY = 256
 MARGIN = 0.05
@@ -122,6 +125,7 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
         explore_every=EXPLORE_EVERY,
         margin=MARGIN,
         switch_on_margin=SWITCH_ON_MARGIN,
+        warmup_steps=WARMUP_STEPS,
     )
     try:
         return SpeculationController(table, MTPGatedLoRACost(), config)

@@ -15,6 +15,7 @@ Prefill is SGLang's plain target extend; the first decode step therefore has no 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +37,9 @@ from sgl_spec.verify.chain import ChainResult, accept_greedy, accept_sampling
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_STEPS = 200
+# Debugging aid: with SGLSPEC_MTP_TRACE=FILE every decode step appends one line
+# "start_time k batch_size step_ms decision" (the controller's view of the step).
+TRACE_ENV = "SGLSPEC_MTP_TRACE"
 
 
 @dataclass
@@ -96,6 +100,8 @@ class MtpLoraWorker(BaseSpecWorker):
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self._layouts: dict[int, tuple] = {}
         self.stats = MtpStats()
+        trace = os.environ.get(TRACE_ENV)
+        self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
         # Read by SGLang's speculative infrastructure.
         self.speculative_num_steps = self.k_max
         self.speculative_num_draft_tokens = (self.k_max + 1) ** 2
@@ -198,6 +204,10 @@ class MtpLoraWorker(BaseSpecWorker):
         accept_lens = (result.num_accepted + 1).to(torch.int32)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
         self._observe(k, num_accepted, state.num_real, elapsed)
+        if self._trace is not None:
+            self._trace.write(
+                f"{tic:.6f} {k} {bs} {elapsed * 1000:.2f} {self.stats.last_decision}\n"
+            )
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=result.tokens.to(torch.int32).reshape(-1),

@@ -6,7 +6,7 @@ Per verify and request: ``r``, the drafter's probability of the token the target
 rejected position (the bonus token; read from the draft logits ``grow_trees`` already computed,
 no extra forward), accumulates into the query's signal ``s`` (Eq. 8); the accepted tokens and
 the target features captured for them extend the request's history, cut into ``TrainExample``
-windows. A *query* is one request's run of decode steps: it ends when its pool slot leaves the
+windows. A *query* is one request's run of decode steps: it ends when its request leaves the
 decode batch or its length stops continuing (a finished, aborted or retracted request), and is
 then handed to the bandit with its examples. Trained weights enter ``theta_inf`` only in
 ``before_draft``, called by the worker at the start of a decode step (the drafter is idle), and
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -75,7 +75,7 @@ class OnlineAdapter:
         self.bandit: CostAwareBandit[TrainExample] = CostAwareBandit(cfg)
         self.copies = DrafterCopies(drafter, cfg)
         self.trainer = BackgroundTrainer(self.copies)
-        self.queries: dict[int, _Query] = {}
+        self.queries: dict[Hashable, _Query] = {}
         self.tokens_total = 0
 
     # ---- serving-thread hooks ----------------------------------------------------------------
@@ -91,7 +91,7 @@ class OnlineAdapter:
 
     def after_verify(
         self,
-        req_slots: Sequence[int],  # [bs] request pool index of each request
+        req_keys: Sequence[Hashable],  # [bs] request id (or pool slot) of each request
         seq_lens: Sequence[int],  # [bs] lengths before this step
         draft_parents: Sequence[Sequence[int]],  # per request, its tree's parents
         node_source: Sequence[Sequence[tuple[int, int, int]]],  # per request (may be empty)
@@ -105,13 +105,13 @@ class OnlineAdapter:
         now = time.perf_counter() if now is None else now
         live = set()
         path_tokens, features = path_tokens.cpu(), features.detach().float().cpu()
-        for b, slot in enumerate(req_slots):
-            live.add(slot)
-            query = self.queries.get(slot)
+        for b, key in enumerate(req_keys):
+            live.add(key)
+            query = self.queries.get(key)
             if query is None or query.next_len != seq_lens[b]:
                 if query is not None:
                     self._finish(query, now)
-                query = self.queries[slot] = _Query(seq_lens[b])
+                query = self.queries[key] = _Query(seq_lens[b])
             n = len(paths[b])
             query.next_len = seq_lens[b] + n
             query.verifies += 1
@@ -124,8 +124,8 @@ class OnlineAdapter:
                 if r is not None:
                     query.signal += 1.0 - min(max(r, 0.0), 1.0)
             self._extend_history(query, features[b, :n], path_tokens[b, :n].tolist())
-        for slot in [s for s in self.queries if s not in live]:
-            self._finish(self.queries.pop(slot), now)
+        for key in [k for k in self.queries if k not in live]:
+            self._finish(self.queries.pop(key), now)
 
     # ---- internals ---------------------------------------------------------------------------
 

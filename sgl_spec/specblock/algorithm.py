@@ -142,6 +142,8 @@ def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
     from sgl_spec.config import ConfigError
 
     if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
+        if config.specblock_adapt:
+            raise ConfigError("--specblock-adapt needs --speculative-algorithm SPECBLOCK")
         return
     try:
         settings = load_settings(config)

@@ -323,18 +323,21 @@ class SpecBlockWorker(BaseSpecWorker):
         )
         paths = accepted_path(result.accept_index, width)
         if self.adapter is not None:
-            self._adapt(reqs, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
+            self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic)
         return result
 
-    def _adapt(self, reqs, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:  # noqa: ANN001
+    def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:  # noqa: ANN001
         """Feed the verify outcome to the online adapter (``adapt_serving``); it only changes
         later drafts, and a failure in it is logged, never raised."""
         try:
             bs = len(paths)
             features = self._features(hidden[: bs * width]).view(bs, width, -1)
+            keys = [getattr(r, "rid", None) for r in getattr(batch, "reqs", None) or []]
+            if len(keys) != bs or None in keys:  # fall back to the request pool slots
+                keys = batch.req_pool_indices.tolist()
             self.adapter.after_verify(
-                reqs.tolist(),
+                keys,
                 seq_lens,
                 [tree.parents for tree in drafted.trees],
                 drafted.node_source,

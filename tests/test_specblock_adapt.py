@@ -18,6 +18,7 @@ from sgl_spec.specblock.adapt import (
     CostAwareBandit,
     DriftGuard,
     Mark,
+    UpdateBuffer,
     epsilon,
     ewma,
     rejection_signal,
@@ -211,6 +212,15 @@ def test_rollback_after_three_successive_acceptance_drops():
     assert [d.good for d in decisions] == [False, True, False, False, False]
     assert bandit.num_rollbacks == 1 and bandit.values[Action.HEAD] == 0.0
     assert bandit.num_events == 0  # back to the cold start
+
+
+def test_update_buffer_saturates_and_keeps_the_newest():
+    buffer: UpdateBuffer[int] = UpdateBuffer(2, max_examples=3)
+    buffer.push([1, 2])
+    assert not buffer.saturated
+    buffer.push([3, 4])
+    assert buffer.saturated and buffer.examples == [2, 3, 4]
+    assert buffer.drain() == [2, 3, 4] and not buffer.saturated and buffer.examples == []
 
 
 def test_drift_guard():

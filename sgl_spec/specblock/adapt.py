@@ -130,15 +130,18 @@ def ewma(value: float, reward: float, alpha: float) -> float:
 
 
 class UpdateBuffer(Generic[T]):
-    """Training examples routed to one action; saturated after ``capacity`` routed queries."""
+    """Training examples routed to one action; saturated after ``capacity`` routed queries.
+    While an update is in flight it keeps filling, holding the newest ``max_examples``."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_examples: int) -> None:
         self.capacity = capacity
+        self.max_examples = max_examples
         self.examples: list[T] = []
         self.num_queries = 0
 
     def push(self, examples: Sequence[T]) -> None:
         self.examples.extend(examples)
+        del self.examples[: -self.max_examples]
         self.num_queries += 1
 
     @property
@@ -202,6 +205,17 @@ class QueryDecision:
     explored: bool = False
 
 
+@dataclass
+class _Interval:
+    """The measurement interval of one synced update."""
+
+    trigger: Trigger
+    reference: float | None  # tokens/s over the N queries before the trigger
+    opened: Mark
+    queries: int = 0
+    tau_sum: float = 0.0
+
+
 def rate(first: Mark, last: Mark) -> float | None:
     """Tokens per second between two marks (None without elapsed time)."""
     elapsed = last.time_s - first.time_s
@@ -226,7 +240,8 @@ class CostAwareBandit(Generic[T]):
         self.values = {a: 0.0 for a in UPDATE_ACTIONS}
         self.seeded = {a: False for a in UPDATE_ACTIONS}
         self.buffers: dict[Action, UpdateBuffer[T]] = {
-            a: UpdateBuffer(cfg.buffer_queries) for a in UPDATE_ACTIONS
+            a: UpdateBuffer(cfg.buffer_queries, cfg.buffer_queries * cfg.max_examples_per_query)
+            for a in UPDATE_ACTIONS
         }
         self.guard = DriftGuard(cfg.rollback_drops)
         self.marks: deque[Mark] = deque(maxlen=cfg.measure_queries + 1)
@@ -239,7 +254,7 @@ class CostAwareBandit(Generic[T]):
         self.baseline_tp: float | None = None  # rate over the warm-up
         self._start: Mark | None = None
         self._pending: tuple[Trigger, float | None] | None = None  # trigger, reference rate
-        self._interval: list = []  # [trigger, reference rate, opening mark, queries, tau sum]
+        self._interval: _Interval | None = None
         self._cooldown = 0
         self._warmup_tau = 0.0
 
@@ -290,7 +305,8 @@ class CostAwareBandit(Generic[T]):
             return decision
         buffer = self.buffers[action]
         buffer.push(examples)
-        if not blocked and buffer.saturated and self._pending is None and not self._interval:
+        idle = self._pending is None and self._interval is None
+        if not blocked and buffer.saturated and idle:
             reference = rate(self.marks[0], self.marks[-1]) if len(self.marks) > 1 else None
             trigger = Trigger(action, signal, buffer.drain())
             self._pending = (trigger, reference)
@@ -308,7 +324,7 @@ class CostAwareBandit(Generic[T]):
         trigger, reference = self._pending
         self._pending = None
         self.num_updates += 1
-        self._interval = [trigger, reference, mark, 0, 0.0]
+        self._interval = _Interval(trigger, reference, mark)
 
     def on_failed(self) -> None:
         """The pending update did not train (an error): drop it without a reward."""
@@ -316,20 +332,21 @@ class CostAwareBandit(Generic[T]):
 
     def _advance_interval(self, accept_length: float, mark: Mark) -> bool | None:
         """None while no interval closes; at a close True for a rollback, False otherwise."""
-        if not self._interval:
+        interval = self._interval
+        if interval is None:
             return None
-        self._interval[3] += 1
-        self._interval[4] += accept_length
-        trigger, reference, opened, queries, tau_sum = self._interval
-        if queries < self.cfg.measure_queries:
+        interval.queries += 1
+        interval.tau_sum += accept_length
+        if interval.queries < self.cfg.measure_queries:
             return None
-        self._interval = []
-        observed = rate(opened, mark)
+        self._interval = None
+        observed, reference = rate(interval.opened, mark), interval.reference
+        trigger = interval.trigger
         if observed is not None and reference is not None and trigger.signal >= self.cfg.s_min:
             reward = (observed - reference) / trigger.signal
             self.values[trigger.action] = ewma(self.values[trigger.action], reward, self.cfg.alpha)
             self.seeded[trigger.action] = True
-        if self.guard.observe(tau_sum / queries):
+        if self.guard.observe(interval.tau_sum / interval.queries):
             self._roll_back()
             return True
         return False if self.guard.run == 0 else None
@@ -344,7 +361,7 @@ class CostAwareBandit(Generic[T]):
 
     @property
     def measuring(self) -> bool:
-        return bool(self._interval)
+        return self._interval is not None
 
     @property
     def pending(self) -> bool:

@@ -20,6 +20,7 @@ control", Algorithm 1 lines 14-16 and 23, App. A.3). No SGLang import.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import queue
@@ -134,7 +135,12 @@ class DrafterCopies:
     def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
-    def update(self, action: Action, examples: list[TrainExample]) -> float:
+    def update(
+        self,
+        action: Action,
+        examples: list[TrainExample],
+        stream: torch.cuda.Stream | None = None,
+    ) -> float:
         """Step ``theta_train`` ``steps_per_update`` times (holding the lock per step, so a
         ``sync`` never sees a half-applied step); returns the last loss."""
         loss_value = float("nan")
@@ -147,6 +153,8 @@ class DrafterCopies:
                 torch.nn.utils.clip_grad_norm_(params, 0.5)  # the offline clip (§4.1)
                 self.optimizer.step()
                 loss_value = float(loss.total.detach())
+        if stream is not None:
+            stream.synchronize()
         with self.lock:
             self.version += 1
         return loss_value
@@ -192,24 +200,27 @@ class BackgroundTrainer:
         self.copies = copies
         self.jobs: queue.Queue[tuple[Action, list[TrainExample]] | None] = queue.Queue()
         self.results: queue.Queue[tuple[Action, float | None]] = queue.Queue()
-        self.busy = threading.Event()
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
         self.thread.start()
 
     def submit(self, action: Action, examples: list[TrainExample]) -> None:
-        self.busy.set()
         self.jobs.put((action, examples))
 
     def _run(self) -> None:
+        device = self.copies.train.d2t.device
+        # On CUDA the update runs on its own stream (the paper's "train stream") and finishes
+        # it before the version is published, so a sync on the serving stream reads final
+        # weights; on CPU this is a plain thread sharing the cores.
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         while (job := self.jobs.get()) is not None:
             action, examples = job
             try:
-                self.results.put((action, self.copies.update(action, examples)))
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    loss = self.copies.update(action, examples, stream)
+                self.results.put((action, loss))
             except Exception:  # noqa: BLE001 -- a failed update must never stop serving
                 logger.exception("SPECBLOCK adapt: %s update failed; skipped", action.value)
                 self.results.put((action, None))
-            if self.jobs.empty():
-                self.busy.clear()
 
     def close(self, timeout_s: float = 5.0) -> None:
         self.jobs.put(None)

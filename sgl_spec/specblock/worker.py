@@ -258,7 +258,10 @@ class SpecBlockWorker(BaseSpecWorker):
     def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         tic = time.perf_counter()
         if self.adapter is not None:
-            self.adapter.before_draft()
+            try:  # step boundary: trained drafter weights may enter theta_inf here
+                self.adapter.before_draft()
+            except Exception:  # noqa: BLE001 -- adaptation must never fail a request
+                logger.exception("SPECBLOCK adapt: weight sync failed; drafting unchanged")
         state: SpecBlockDraftInput = batch.spec_info
         reqs = batch.req_pool_indices.to(torch.long)
         seq_lens = batch.seq_lens.to(torch.long)
@@ -332,7 +335,8 @@ class SpecBlockWorker(BaseSpecWorker):
         later drafts, and a failure in it is logged, never raised."""
         try:
             bs = len(paths)
-            features = self._features(hidden[: bs * width]).view(bs, width, -1)
+            longest = max(len(p) for p in paths)
+            features = self._features(hidden[: bs * width]).view(bs, width, -1)[:, :longest]
             keys = [getattr(r, "rid", None) for r in getattr(batch, "reqs", None) or []]
             if len(keys) != bs or None in keys:  # fall back to the request pool slots
                 keys = batch.req_pool_indices.tolist()

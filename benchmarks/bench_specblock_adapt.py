@@ -62,7 +62,7 @@ def _sentences(rng: random.Random, count: int) -> str:
 def build_stream(num_prompts: int, prompt_chars: int, seed: int = 0) -> list[str]:
     """``num_prompts`` natural-language excerpts of about ``prompt_chars`` characters."""
     rng = random.Random(seed)
-    texts = _license_texts()
+    texts = [t for t in _license_texts() if len(t) > prompt_chars + 1]
     prompts = []
     for _ in range(num_prompts):
         if texts:

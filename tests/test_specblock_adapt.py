@@ -372,3 +372,27 @@ def test_online_adapter_tracks_queries_windows_and_syncs_an_update():
     assert adapter.bandit.num_updates == 1 and adapter.bandit.measuring
     assert not torch.equal(model.lm_head.weight, before)
     adapter.close()
+
+
+# ---- benchmark helpers (no servers) ------------------------------------------------------------
+
+
+def test_bench_stream_and_windows():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_specblock_adapt as bench
+
+    stream = bench.build_stream(5, 300, seed=1)
+    assert stream == bench.build_stream(5, 300, seed=1) and len(stream) == 5
+    assert all(len(p) <= 300 and p.count(" ") > 15 for p in stream)  # prose, not code
+    assert not any("def " in p or "import " in p for p in stream)
+    base = [([1] * 10, 2.0, 1.0), ([1] * 10, 2.0, 1.0), ([1] * 4, 1.0, 1.0)]
+    adapt = [([1] * 10, 3.0, 0.5), ([1] * 10, 3.0, 1.5), ([1] * 4, 1.0, 2.0)]
+    rows = bench.window_table(base, adapt, 2)
+    assert [r["queries"] for r in rows] == ["0-1", "2-2"]
+    assert rows[0]["tau_adapt"] == 3.0 and rows[0]["tp_ratio"] == pytest.approx(1.0)
+    assert rows[1]["tp_ratio"] == pytest.approx(0.5)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--model-path", "m"])  # no drafter

@@ -35,6 +35,8 @@ class SpecConfig:
     specblock_m: int = 2  # --specblock-m: tree blocks (drafter forwards) per iteration
     specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
     specblock_max_nodes: int = 32  # --specblock-max-nodes: verified tree nodes per request
+    specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
+    specblock_adapt_options: str | None = None  # --specblock-adapt-options: key=value,...
 
     def __post_init__(self) -> None:
         if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
@@ -60,6 +62,15 @@ class SpecConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"{flag} must be an integer in {low}..{high}; got {value!r}")
         specblock_bucket_map(self.specblock_branching)
+        if self.specblock_adapt_options is not None:
+            if not self.specblock_adapt:
+                raise ConfigError("--specblock-adapt-options needs --specblock-adapt")
+            from sgl_spec.specblock.adapt import AdaptConfig
+
+            try:
+                AdaptConfig.parse(self.specblock_adapt_options)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"--specblock-adapt-options: {exc}") from None
 
     @property
     def specblock_bucket_map(self) -> tuple[int, int, int, int]:
@@ -137,6 +148,22 @@ class SpecConfig:
             default="32",
             help="SPECBLOCK: tree nodes verified per request, root included (default 32).",
         )
+        group.add_argument(
+            "--specblock-adapt",
+            dest="specblock_adapt",
+            action="store_true",
+            help="SPECBLOCK: cost-aware online adaptation of the drafter while serving (paper"
+            " §3.4): a bandit picks skip / head-only / full updates from the verifier's signal;"
+            " updates train a copy on a background thread. Off by default; outputs unchanged.",
+        )
+        group.add_argument(
+            "--specblock-adapt-options",
+            dest="specblock_adapt_options",
+            default=None,
+            help="SPECBLOCK with --specblock-adapt: override adaptation constants as"
+            " key=value,... (fields of sgl_spec.specblock.adapt.AdaptConfig, e.g."
+            " warmup_queries=10,measure_queries=8,buffer_queries=4,lr=3e-4).",
+        )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
@@ -146,6 +173,8 @@ class SpecConfig:
             specblock_m=_int_flag("--specblock-m", ns.specblock_m),
             specblock_branching=ns.specblock_branching,
             specblock_max_nodes=_int_flag("--specblock-max-nodes", ns.specblock_max_nodes),
+            specblock_adapt=ns.specblock_adapt,
+            specblock_adapt_options=ns.specblock_adapt_options,
             cpu_defaults=ns.sgl_spec_cpu_defaults,
             cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
             mtp_lora_path=ns.mtp_lora_path,

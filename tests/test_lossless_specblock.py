@@ -8,6 +8,9 @@ depend on the drafter's quality.
 (a) greedy: SPECBLOCK returns the non-speculative server's token ids for prompts sent
     concurrently (one batched request, and separate requests arriving together), with trees of
     up to 16 nodes from M = 2 blocks;
+(c) adaptation on (``--specblock-adapt``, paper §3.4, with tiny warm-up and buffers so updates
+    really reach the serving drafter within the test): greedy output still equals the
+    non-speculative server's, before and after updates were applied.
 (b) sampling: the joint law of completion tokens 1-3 at temperature 1 matches the target's exact
     law; tokens 2 and 3 are verified against tree drafts (the first decode step already has a
     tree, drafted from the prefill). Pearson chi-square with a simulated null, alpha = 1e-4
@@ -49,10 +52,16 @@ def _specblock_args(target, drafter) -> list[str]:  # noqa: ANN001
     ]  # fmt: skip
 
 
+# Tiny adaptation settings: an update after 2 warm-up queries and one routed query.
+ADAPT_OPTIONS = "warmup_queries=2,measure_queries=2,buffer_queries=1,window=8,steps_per_update=1"
+
+
 @pytest.fixture(scope="module")
 def servers(tiny_models, drafter, tmp_path_factory):  # noqa: ANN001, ANN201
+    args = _specblock_args(tiny_models["target"], drafter)
+    adapt = [*args, "--specblock-adapt", "--specblock-adapt-options", ADAPT_OPTIONS]
     pool = ServerPool(
-        {"specblock": _specblock_args(tiny_models["target"], drafter)},
+        {"specblock": args, "specblock_adapt": adapt},
         tmp_path_factory.mktemp("specblock_logs"),
     )
     yield pool
@@ -103,3 +112,24 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
     assert lines, server.tail()
     for key in ("mean_accept_length=", "drafter_forwards_per_iter=", "T_D%=", "alpha_k=["):
         assert key in lines[-1]
+
+
+def _adapt_counts(server: Server) -> list[int]:
+    lines = [x for x in server.tail(4000).splitlines() if "SPECBLOCK: steps=" in x]
+    return [int(x.split("adapt_updates=")[1].split()[0]) for x in lines if "adapt_updates=" in x]
+
+
+def test_greedy_equals_baseline_with_adaptation(servers, baseline_greedy) -> None:  # noqa: ANN001
+    """Runs last (one server start): requests one at a time so each is a finished query, then
+    again once updates were applied."""
+    server = servers("specblock_adapt")
+    params = {"temperature": 0, "max_new_tokens": 48}
+    prompts = [*PROMPTS, *LONG_PROMPTS]
+    expected = [*baseline_greedy["short"], *baseline_greedy["long"]]
+    first = [server.generate({"text": p, "sampling_params": params}) for p in prompts]
+    assert [o["output_ids"] for o in first] == expected
+    counts = _adapt_counts(server)
+    assert counts and counts[-1] >= 1, f"no adaptation update was applied:\n{server.tail()}"
+    second = [server.generate({"text": p, "sampling_params": params}) for p in prompts]
+    assert [o["output_ids"] for o in second] == expected
+    assert "Traceback" not in server.tail(4000), server.tail()

@@ -17,6 +17,7 @@ from typing import Any
 
 from sgl_spec.config import SpecConfig
 from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
+from sgl_spec.specblock.adapt import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class SpecBlockSettings:
     drafter_path: str
     block_size: int  # K positions used per block (<= the drafter's trained K)
     draft: DraftSettings
+    adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
 
     @property
     def max_depth(self) -> int:
@@ -101,7 +103,10 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
         bucket_map=config.specblock_bucket_map,
         max_nodes=config.specblock_max_nodes,
     )
-    return SpecBlockSettings(path, k, draft)
+    adapt = None
+    if config.specblock_adapt:
+        adapt = AdaptConfig.parse(config.specblock_adapt_options)
+    return SpecBlockSettings(path, k, draft, adapt)
 
 
 def runtime_settings() -> SpecBlockSettings:
@@ -137,6 +142,8 @@ def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
     from sgl_spec.config import ConfigError
 
     if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
+        if config.specblock_adapt:
+            raise ConfigError("--specblock-adapt needs --speculative-algorithm SPECBLOCK")
         return
     try:
         settings = load_settings(config)

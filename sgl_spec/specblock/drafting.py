@@ -130,6 +130,28 @@ class DraftResult:
     num_forwards: int  # tree forwards run (extend excluded)
     num_blocks: list[int] = field(default_factory=list)  # blocks drafted per round
     round_logits: list[torch.Tensor] = field(default_factory=list)  # [bs, width, K, V_d]
+    # per tree, per node: (round, row, slot) of the draft distribution that proposed it (the
+    # root: (-1, -1, -1)); siblings share one. Read by serving-time adaptation (``adapt_serving``).
+    node_source: list[list[tuple[int, int, int]]] = field(default_factory=list)
+
+
+def _record_sources(
+    tree: DraftTree,
+    sources: list[tuple[int, int, int]],
+    starts: Sequence[Start],
+    round_index: int,
+) -> None:
+    """Extend ``sources`` to the nodes ``expand_blocks`` just added: a child of a start node is
+    slot 0 of that start's row, any other new node the slot after its parent's."""
+    row_of_start = {start.node: i for i, start in enumerate(starts)}
+    first_new = len(sources)
+    for node in range(first_new, tree.num_nodes):
+        parent = tree.parents[node]
+        if parent < first_new:
+            sources.append((round_index, row_of_start[parent], 0))
+        else:
+            _, row, slot = sources[parent]
+            sources.append((round_index, row, slot + 1))
 
 
 def _path_rows(rounds: list[_Round], b: int, start: Start) -> list[tuple[int, int]]:
@@ -194,6 +216,7 @@ def grow_trees(
     bs = len(root_tokens)
     max_width = max(max(settings.bucket_map), settings.fixed_width)
     trees = [DraftTree.rooted_at(t) for t in root_tokens]
+    sources: list[list[tuple[int, int, int]]] = [[(-1, -1, -1)] for _ in range(bs)]
     starts: list[list[Start]] = [[Start(0)] for _ in range(bs)]
     rounds: list[_Round] = []
     counts: list[int] = []
@@ -249,6 +272,7 @@ def grow_trees(
                 settings.fixed_width,
                 settings.start_buckets,
             )
+            _record_sources(trees[b], sources[b], request_starts, len(rounds))
             found.sort(key=lambda s, t=trees[b]: (-t.score[s.node], s.node))
             candidates.append(found[: settings.max_starts])
         rounds.append(_Round(starts, width, out.kv, out.hidden))
@@ -259,5 +283,9 @@ def grow_trees(
             for (ck, cv), (nk, nv) in zip(context_kv, out.kv, strict=True)
         ]
         starts = candidates
-    pruned = [prune_to_budget(tree, settings.max_nodes)[0] for tree in trees]
-    return DraftResult(pruned, len(rounds), counts, logits_per_round)
+    pruned, kept_sources = [], []
+    for tree, tree_sources in zip(trees, sources, strict=True):
+        small, kept = prune_to_budget(tree, settings.max_nodes)
+        pruned.append(small)
+        kept_sources.append([tree_sources[i] for i in kept])
+    return DraftResult(pruned, len(rounds), counts, logits_per_round, kept_sources)

@@ -62,7 +62,9 @@ class SpecBlockStats:
     def alpha(self) -> list[float | None]:
         return [h / r if r else None for h, r in zip(self.hit, self.reached, strict=True)]
 
-    def summary(self) -> str:
+    def summary(self, extra: str = "") -> str:
+        """The metrics log line; ``extra`` appends the adaptation's decisions when it is on
+        (``CostAwareBandit.summary``: action counts, last s, v_head/v_full, updates, rollbacks)."""
         alpha = ",".join("-" if a is None else f"{a:.2f}" for a in self.alpha)
         return (
             f"SPECBLOCK: steps={self.steps} mean_accept_length={self.accept_length:.3f}"
@@ -71,6 +73,7 @@ class SpecBlockStats:
             f" mean_tree_nodes={self.tree_nodes / max(self.requests, 1):.1f}"
             f" alpha_k=[{alpha}]"
             f" mean_step_ms={1000 * self.step_s / max(self.steps, 1):.2f}"
+            + (f" {extra}" if extra else "")
         )
 
 

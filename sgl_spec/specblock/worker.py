@@ -28,6 +28,7 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
+from sgl_spec.specblock.adapt_serving import OnlineAdapter
 from sgl_spec.specblock.algorithm import check_target_fit, runtime_settings
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
@@ -74,6 +75,11 @@ class SpecBlockWorker(BaseSpecWorker):
         )
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.stats = SpecBlockStats(settings.max_depth)
+        self.adapter = (
+            None if settings.adapt is None else OnlineAdapter(self.drafter, settings.adapt)
+        )
+        if self.adapter is not None:
+            logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
         # Read by SGLang's speculative infrastructure.
         self.speculative_num_steps = settings.max_depth
         self.speculative_num_draft_tokens = self.draft_settings.max_nodes
@@ -251,6 +257,11 @@ class SpecBlockWorker(BaseSpecWorker):
 
     def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         tic = time.perf_counter()
+        if self.adapter is not None:
+            try:  # step boundary: trained drafter weights may enter theta_inf here
+                self.adapter.before_draft()
+            except Exception:  # noqa: BLE001 -- adaptation must never fail a request
+                logger.exception("SPECBLOCK adapt: weight sync failed; drafting unchanged")
         state: SpecBlockDraftInput = batch.spec_info
         reqs = batch.req_pool_indices.to(torch.long)
         seq_lens = batch.seq_lens.to(torch.long)
@@ -313,8 +324,35 @@ class SpecBlockWorker(BaseSpecWorker):
             root_cond=root_cond,
             new_seq_lens=result.new_seq_lens,
         )
-        self._observe(drafted, packed.num_nodes, result.accept_index, width, draft_s, tic)
+        paths = accepted_path(result.accept_index, width)
+        if self.adapter is not None:
+            self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
+        self._observe(drafted, packed.num_nodes, paths, draft_s, tic)
         return result
+
+    def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:  # noqa: ANN001
+        """Feed the verify outcome to the online adapter (``adapt_serving``); it only changes
+        later drafts, and a failure in it is logged, never raised."""
+        try:
+            bs = len(paths)
+            longest = max(len(p) for p in paths)
+            features = self._features(hidden[: bs * width]).view(bs, width, -1)[:, :longest]
+            keys = [getattr(r, "rid", None) for r in getattr(batch, "reqs", None) or []]
+            if len(keys) != bs or None in keys:  # fall back to the request pool slots
+                keys = batch.req_pool_indices.tolist()
+            self.adapter.after_verify(
+                keys,
+                seq_lens,
+                [tree.parents for tree in drafted.trees],
+                drafted.node_source,
+                drafted.round_logits,
+                paths,
+                path_tokens,
+                features,
+                result.next_draft_input.bonus_tokens.tolist(),
+            )
+        except Exception:  # noqa: BLE001 -- adaptation must never fail a request
+            logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 
     def _draft(self, reqs, seq_lens, state, roots) -> DraftResult:  # noqa: ANN001
         """Grow the trees; on any drafter failure verify the roots alone (plain decoding)."""
@@ -341,12 +379,10 @@ class SpecBlockWorker(BaseSpecWorker):
         self,
         drafted: DraftResult,
         num_nodes: list[int],
-        accept_index: torch.Tensor,  # [bs, D+1]
-        width: int,
+        paths: list[list[int]],  # per request, accepted nodes root first
         draft_s: float,
         tic: float,
     ) -> None:
-        paths = accepted_path(accept_index, width)
         offered = [
             offered_depth(tree.parents, path)
             for tree, path in zip(drafted.trees, paths, strict=True)
@@ -360,4 +396,5 @@ class SpecBlockWorker(BaseSpecWorker):
             time.perf_counter() - tic,
         )
         if self.stats.steps % LOG_EVERY_STEPS == 0:
-            logger.info(self.stats.summary())
+            extra = "" if self.adapter is None else self.adapter.summary()
+            logger.info(self.stats.summary(extra))

@@ -157,3 +157,33 @@ def sample_pairs_from_law(
             t2 = int(torch.multinomial(row, 1, generator=gen))
         pairs.append((t1, t2))
     return pairs
+
+
+def assert_speculative_sampling_law(
+    server,  # noqa: ANN001 -- server_utils.Server
+    input_ids: list[int],
+    law: dict[tuple[int, ...], float],
+    *,
+    temperature: float,
+    num_samples: int,
+    alpha: float,
+    min_cells: int,
+) -> None:
+    """Sample 3 tokens ``num_samples`` times from a speculative server and test them against the
+    target's exact joint law (chi-square at ``alpha``); at least a tenth of the samples must
+    have accepted a draft, or the test would not exercise speculative sampling."""
+    out = server.generate(
+        {
+            "input_ids": [input_ids] * num_samples,
+            "sampling_params": {
+                "temperature": temperature,
+                "max_new_tokens": 3,
+                "ignore_eos": True,
+            },
+        }
+    )
+    accepted = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in out)
+    assert accepted > num_samples / 10, f"only {accepted} accepted drafts: too few to test"
+    result = chi_square_gof([tuple(o["output_ids"][:3]) for o in out], law)
+    assert result.num_cells >= min_cells, "law too peaked for a meaningful test"
+    assert result.p_value > alpha, result

@@ -15,7 +15,7 @@ target it was trained on (one trained for a random tiny model agrees with it ~3%
 from __future__ import annotations
 
 import pytest
-from lossless import chi_square_gof, joint_law
+from lossless import assert_speculative_sampling_law, joint_law
 from server_utils import Server, ServerPool
 
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
@@ -85,21 +85,15 @@ def test_sampling_matches_target(servers) -> None:  # noqa: ANN001
     target = resolve_model_path(DEFAULT_TARGET)
     ids = AutoTokenizer.from_pretrained(target)(SAMPLING_PROMPT)["input_ids"]
     law = joint_law(target, ids, TEMPERATURE, NUM_SAMPLES, 3)
-    out = servers("k3").generate(
-        {
-            "input_ids": [ids] * NUM_SAMPLES,
-            "sampling_params": {
-                "temperature": TEMPERATURE,
-                "max_new_tokens": 3,
-                "ignore_eos": True,
-            },
-        }
+    assert_speculative_sampling_law(
+        servers("k3"),
+        ids,
+        law,
+        temperature=TEMPERATURE,
+        num_samples=NUM_SAMPLES,
+        alpha=ALPHA,
+        min_cells=20,
     )
-    accepted = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in out)
-    assert accepted > NUM_SAMPLES / 10, f"only {accepted} accepted drafts: too few to test"
-    result = chi_square_gof([tuple(o["output_ids"][:3]) for o in out], law)
-    assert result.num_cells >= 20, "law too peaked for a meaningful test"
-    assert result.p_value > ALPHA, result
 
 
 def test_openai_api_logprobs_and_bad_request(servers) -> None:  # noqa: ANN001

@@ -22,7 +22,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from lossless import LONG_PROMPTS, PROMPTS, chi_square_gof, joint_law
+from lossless import LONG_PROMPTS, PROMPTS, assert_speculative_sampling_law, joint_law
 from server_utils import Server, ServerPool
 from tiny_models import train_specblock_drafter
 
@@ -88,21 +88,15 @@ def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) 
 
 def test_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
     law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
-    out = servers("specblock").generate(
-        {
-            "input_ids": [SAMPLING_PROMPT_IDS] * NUM_SAMPLES,
-            "sampling_params": {
-                "temperature": TEMPERATURE,
-                "max_new_tokens": 3,
-                "ignore_eos": True,
-            },
-        }
+    assert_speculative_sampling_law(
+        servers("specblock"),
+        SAMPLING_PROMPT_IDS,
+        law,
+        temperature=TEMPERATURE,
+        num_samples=NUM_SAMPLES,
+        alpha=ALPHA,
+        min_cells=10,
     )
-    accepted = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in out)
-    assert accepted > NUM_SAMPLES / 10, f"only {accepted} accepted drafts: too few to test"
-    result = chi_square_gof([tuple(o["output_ids"][:3]) for o in out], law)
-    assert result.num_cells >= 10, "law too peaked for a meaningful test"
-    assert result.p_value > ALPHA, result
 
 
 def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa: ANN001

@@ -102,3 +102,18 @@ def test_auto_controller_calibrates_online_with_an_optional_table(tmp_path: Path
     (tmp_path / "bad.json").write_text('{"points": []}')
     with pytest.raises(ValueError, match="--mtp-gamma-table"):
         build_controller(str(tmp_path / "bad.json"), 3, 0.6)
+
+
+def test_fused_mlp_kernel_runs_only_without_gated_rows() -> None:
+    from types import SimpleNamespace
+
+    from sgl_spec.mtp.sglang_lora import GatedLoRA, _gate_dual_gemm
+
+    adapter = GatedLoRA(torch.zeros(2, 4), k_max=2)
+    dual = SimpleNamespace(can_run=lambda x, proj: x == "small")
+    _gate_dual_gemm(dual, adapter)
+    assert dual.can_run("small", None) and not dual.can_run("large", None)
+    with adapter.gates(width=3, first_gated=1, mask_index=torch.tensor([0, 1])):
+        assert not dual.can_run("small", None)  # mask rows need gate_up_proj's LoRA delta
+    with adapter.gates(width=1, first_gated=1, mask_index=torch.zeros(0, dtype=torch.int64)):
+        assert dual.can_run("small", None)  # k = 0: anchors only

@@ -186,10 +186,22 @@ def install_gated_lora(
             adapter.deltas[name] = _Delta(factors, scaling, delta_dtype)
             _wrap_linear(target, adapter, name)
         dual = getattr(layer.mlp, "dual_gemm", None)
-        if dual is not None:  # a fused path would bypass gate_up_proj's forward
-            dual.can_run = lambda *args, **kwargs: False
+        if dual is not None:
+            _gate_dual_gemm(dual, adapter)
     _wrap_embedding(inner.embed_tokens, adapter)
     return adapter
+
+
+def _gate_dual_gemm(dual: object, adapter: GatedLoRA) -> None:
+    """SGLang's fused gate/up + activation kernel (CUDA, small decode batches) bypasses
+    ``gate_up_proj``'s forward, so it must not run while mask rows need their LoRA delta; steps
+    without gated rows (the anchors only, e.g. k = 0) keep it."""
+    base_can_run = dual.can_run
+
+    def can_run(*args, **kwargs) -> bool:  # noqa: ANN002, ANN003
+        return not adapter._gate.active and base_can_run(*args, **kwargs)
+
+    dual.can_run = can_run
 
 
 def _in_dim(module: nn.Module) -> int:

@@ -61,7 +61,31 @@ ALGORITHMS: dict[str, Algorithm] = {
     "mtp_lora_auto": Algorithm(
         ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "auto"), own_speculative_flags=True
     ),
+    # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks
+    "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
+    # the same drafter trained with K = 1 at the same tree budget: depth M * K = 8, 32 nodes
+    "specblock-k1": Algorithm(
+        (
+            "--speculative-algorithm",
+            "SPECBLOCK",
+            "--specblock-drafter-path",
+            "sgl-spec/tiny-code-specblock-k1",
+        ),
+        (("--specblock-m", "8"),),
+        own_speculative_flags=True,
+    ),
 }
+# Server-side metrics read from the last metrics line an algorithm's worker logged
+# (cumulative over the server's life): log prefix -> {key in the line: key in the results}.
+SERVER_METRIC_LINES = {
+    "SPECBLOCK: steps=": {
+        "T_D%": "draft_share_pct",
+        "drafter_forwards_per_iter": "drafter_forwards_per_iter",
+        "mean_accept_length": "server_accept_length",
+        "mean_step_ms": "server_mean_step_ms",
+    },
+}
+SERVER_METRICS = tuple(k for keys in SERVER_METRIC_LINES.values() for k in keys.values())
 
 
 class BenchError(ValueError):
@@ -189,6 +213,26 @@ def pick_accept_length(bench: float | None, greedy: float | None) -> dict:
     return {"mean_accept_length": None, "accept_length_source": None}
 
 
+def parse_server_metrics(log_text: str) -> dict[str, float]:
+    """The metrics of the last worker metrics line in a server log (see SERVER_METRIC_LINES);
+    empty when the algorithm logs none."""
+    for line in reversed(log_text.splitlines()):
+        for prefix, keys in SERVER_METRIC_LINES.items():
+            if prefix not in line:
+                continue
+            fields = dict(
+                token.split("=", 1) for token in line.split(prefix, 1)[1].split() if "=" in token
+            )
+            found = {}
+            for key, name in keys.items():
+                try:
+                    found[name] = float(fields[key])
+                except (KeyError, ValueError):
+                    continue
+            return found
+    return {}
+
+
 def add_ratios(runs: list[dict]) -> None:
     """``ratios[m] = run[m] / runs[0][m]`` for each ratio metric (None where undefined)."""
     reference = runs[0] if runs and "error" not in runs[0] else {}
@@ -218,8 +262,10 @@ def combine_rounds(runs: list[dict]) -> dict:
     if errors:
         combined["error"] = errors[0]
         return combined
-    for metric in (*BENCH_METRICS, "mean_accept_length"):
+    for metric in (*BENCH_METRICS, "mean_accept_length", *SERVER_METRICS):
         values = [run.get(metric) for run in runs]
+        if metric in SERVER_METRICS and all(v is None for v in values):
+            continue
         combined[metric] = None if None in values else statistics.median(values)
     ids = [run.get("greedy_output_ids") for run in runs]
     combined["greedy_output_ids"] = ids[0]
@@ -329,7 +375,8 @@ def _fmt(value: float | bool | None, spec: str = ".2f") -> str:
 
 def format_table(runs: list[dict]) -> str:
     """A fixed-width table; ratios are against the first run (x = run / first)."""
-    header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "greedy="]
+    header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "T_D%"]
+    header += ["greedy="]
     header += ["x tok/s", "x e2e", "x tpot"]
     rows, errors = [header], []
     for run in runs:
@@ -345,6 +392,7 @@ def format_table(runs: list[dict]) -> str:
                 _fmt(run["p99_e2e_latency_ms"], ".1f"),
                 _fmt(run["mean_tpot_ms"]),
                 _fmt(run["mean_accept_length"]),
+                _fmt(run.get("draft_share_pct"), ".1f"),
                 _fmt(run["greedy_equal_baseline"]),
                 *(_fmt(ratios.get(m), ".3f") for m in RATIO_METRICS),
             ]

@@ -38,6 +38,7 @@ from _bench_lib import (
     model_path,
     parse_args,
     parse_bench_result,
+    parse_server_metrics,
     pick_accept_length,
     round_orders,
     server_flags,
@@ -119,6 +120,7 @@ def run_algorithm(
         print(f"[{algorithm}] ready in {time.monotonic() - started:.0f}s", flush=True)
         stage = "bench_serving"
         run.update(run_bench_serving(port, args, model_path(extra), work))
+        run.update(parse_server_metrics(server.log_path.read_text(errors="replace")))
         stage = "greedy /generate"
         prompts = greedy_prompts(args.input_len)
         max_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)

@@ -242,11 +242,41 @@ def test_table_shows_values_and_ratios() -> None:
         "10.00",
         "-",
         "-",
+        "-",
         "1.000",
         "1.000",
         "1.000",
     ]
-    assert standalone.split()[-5:] == ["3.50", "yes", "2.000", "0.500", "0.500"]
+    assert standalone.split()[-6:] == ["3.50", "-", "yes", "2.000", "0.500", "0.500"]
+
+
+def test_server_metrics_come_from_the_last_worker_line() -> None:
+    line = (
+        "[2026-11-23 10:00:00] SPECBLOCK: steps={} mean_accept_length={} "
+        "drafter_forwards_per_iter=3.00 T_D%={} mean_tree_nodes=20.1 alpha_k=[0.90,-] "
+        "mean_step_ms=80.00"
+    )
+    log = "\n".join(["boot", line.format(50, "2.500", "40.0"), line.format(100, "2.750", "38.5")])
+    assert lib.parse_server_metrics(log + "\nshutdown") == {
+        "draft_share_pct": 38.5,
+        "drafter_forwards_per_iter": 3.0,
+        "server_accept_length": 2.75,
+        "server_mean_step_ms": 80.0,
+    }
+    assert lib.parse_server_metrics("no worker metrics here\n") == {}
+    rounds = [{**fake_run("specblock", 10.0, [[1]]), "draft_share_pct": v} for v in (30, 40, 50)]
+    assert lib.combine_rounds(rounds)["draft_share_pct"] == 40
+    plain = lib.combine_rounds([fake_run("none", 10.0, [[1]]), fake_run("none", 12.0, [[1]])])
+    assert "draft_share_pct" not in plain
+
+
+def test_specblock_k1_uses_the_k1_drafter_at_the_same_depth() -> None:
+    flags = lib.server_flags("specblock-k1", ["--speculative-num-steps", "3"])
+    assert flags[flags.index("--specblock-drafter-path") + 1].endswith("specblock-k1")
+    assert flags[flags.index("--specblock-m") + 1] == "8"
+    assert "--speculative-num-steps" not in flags
+    mine = lib.server_flags("specblock-k1", ["--specblock-m", "4"])
+    assert mine.count("--specblock-m") == 1 and mine[mine.index("--specblock-m") + 1] == "4"
 
 
 def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> None:  # noqa: ANN001

@@ -211,6 +211,15 @@ def test_sampled_drafts_return_their_distribution(client: DraftServerClient, hf_
     step(client, DraftRequest(1, 0, removed_rids=("s", "sg")))
 
 
+def test_collect_skips_results_of_abandoned_steps(client: DraftServerClient) -> None:
+    entry = DraftEntry("st", [], 3, prompt_ids=[9, 8, 7])
+    client.submit(DraftRequest(10, 0, (entry,)))  # the caller gave up waiting for step 10
+    client.submit(DraftRequest(11, 0, removed_rids=("st",)))
+    stale = client.num_stale
+    result = client.collect(STEP_TIMEOUT_S, step_id=11)
+    assert result is not None and result.step_id == 11 and client.num_stale == stale + 1
+
+
 def test_killed_server_is_detected_and_restarted(client: DraftServerClient, hf_model) -> None:  # noqa: ANN001
     step(client, DraftRequest(0, 0, (DraftEntry("k", [], 3, prompt_ids=[5, 6, 7]),)))
     old_pid = client.pid

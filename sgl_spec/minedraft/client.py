@@ -81,6 +81,7 @@ class DraftServerClient:
         self._outbox: MessageChannel | None = None
         self._fatal: str | None = None
         self._errors: list[ErrorReport] = []
+        self.num_stale = 0  # DraftResults discarded by collect(step_id=...)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -190,9 +191,11 @@ class DraftServerClient:
         self._check_alive()
         self._outbox.send(request)
 
-    def collect(self, timeout_s: float) -> DraftResult | None:
+    def collect(self, timeout_s: float, step_id: int | None = None) -> DraftResult | None:
         """The next DraftResult, or None if none arrives within ``timeout_s``.
 
+        Results come in submit order. With ``step_id``, results of other steps (late answers to
+        steps the caller already gave up on) are discarded and counted in ``num_stale``.
         Non-fatal ErrorReports that arrive meanwhile are kept for ``take_errors``; a fatal one,
         a malformed frame or the process's exit raise DraftServerError.
         """
@@ -202,7 +205,10 @@ class DraftServerClient:
         while True:
             msg = self._recv(max(0.0, min(POLL_S, deadline - time.monotonic())))
             if isinstance(msg, DraftResult):
-                return msg
+                if step_id is None or msg.step_id == step_id:
+                    return msg
+                self.num_stale += 1
+                continue
             if isinstance(msg, ErrorReport):
                 if msg.fatal:
                     self._fatal = msg.message

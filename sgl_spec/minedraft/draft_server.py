@@ -206,6 +206,8 @@ def load(hello: Hello):  # noqa: ANN201  (DraftModel)
     """Place the process, then boot SGLang's ModelRunner for the draft model."""
     from sgl_spec.models.registry import resolve_model_path
 
+    if hello.topk != 1:
+        raise ValueError(f"topk {hello.topk}: this draft server drafts chains (topk 1) only")
     spec = parse_device(hello.device)
     model_path = resolve_model_path(hello.draft_model_path)
     description = apply_device(spec)

@@ -16,10 +16,12 @@ and answers ``Ready``. Then, per ``DraftRequest`` (one draft batch of one SD ste
 scheduler never leaves a draft process holding a device.
 
 Devices (``Hello.device``): ``cuda:N`` -- GPU N as the scheduler process numbers them;
-``cpu`` -- the CPU with the inherited affinity and torch thread count; ``cpu:N`` -- a core set of
-N cores of its own: the *last* N cores of the affinity the process starts with
-(``cpu_core_set``), pinned with ``sched_setaffinity``, N torch threads. The scheduler keeps its
-own work off those cores by taking the others (the same function tells it which).
+``cpu`` -- every core of the affinity the process inherits; ``cpu:N`` -- a core set of N cores
+of its own: the *last* N cores of the inherited affinity (``cpu_core_set``), pinned with
+``sched_setaffinity``, N torch threads. Either CPU form hands its core list to SGLang's CPU
+bootstrap (``SGLANG_CPU_OMP_THREADS_BIND``), which may bind one OpenMP thread per listed core.
+The scheduler keeps its own work off a ``cpu:N`` set by taking the other cores (the same
+function tells it which).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def apply_device(spec: DeviceSpec) -> str:
     # SGLang's CPU bootstrap binds OpenMP threads to this list (default: a whole NUMA node).
     os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
     label = "cpu" if spec.index is None else f"cpu:{spec.index}"
-    return f"{label} (cores {','.join(map(str, cores))}, {torch.get_num_threads()} threads)"
+    return f"{label} (cores {','.join(map(str, cores))})"
 
 
 class DraftServer:

@@ -57,8 +57,12 @@ def hf_model():  # noqa: ANN201
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    ipc_dir = str(tmp_path_factory.mktemp("md"))
+def ipc_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("md"))  # short: unix socket paths are <= 107 bytes
+
+
+@pytest.fixture(scope="module")
+def client(ipc_dir: str):  # noqa: ANN201
     os.environ[CHECK_KV_ENV] = "1"  # inherited by the server process
     c = DraftServerClient(
         make_hello(), f"test{os.getpid()}", ipc_dir=ipc_dir, handshake_timeout_s=START_TIMEOUT_S
@@ -111,13 +115,13 @@ def test_cpu_core_set_takes_the_last_cores() -> None:
         cpu_core_set(3, [0, 1])
 
 
-def test_parent_death_ends_the_server(tmp_path) -> None:  # noqa: ANN001
+def test_parent_death_ends_the_server(ipc_dir: str) -> None:
     # --parent-pid names a process that is not our parent (one that has exited): the
     # watchdog sees a different parent and exits at once, before any message arrives.
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     cmd = [sys.executable, "-m", "sgl_spec.minedraft.draft_server", "--instance-id", "orphan"]
-    cmd += ["--ipc-dir", str(tmp_path), "--parent-pid", str(gone.pid)]
+    cmd += ["--ipc-dir", ipc_dir, "--parent-pid", str(gone.pid)]
     proc = subprocess.run(cmd, capture_output=True, timeout=120)
     assert proc.returncode == EXIT_PARENT_DIED, proc.stderr.decode()[-2000:]
 
@@ -245,18 +249,38 @@ def test_killed_server_is_detected_and_restarted(client: DraftServerClient, hf_m
 # -- start-up failures ------------------------------------------------------------------------
 
 
-def test_handshake_timeout_is_a_clear_error(tmp_path) -> None:  # noqa: ANN001
-    c = DraftServerClient(make_hello(), "slow", ipc_dir=str(tmp_path), handshake_timeout_s=0.5)
+def test_handshake_timeout_is_a_clear_error(ipc_dir: str) -> None:
+    c = DraftServerClient(make_hello(), "slow", ipc_dir=ipc_dir, handshake_timeout_s=0.5)
     with pytest.raises(DraftServerError, match=r"no Ready within 0\.5s"):
         c.start()
     assert not c.alive() and c.pid is None
     c.close()
 
 
-def test_bad_model_path_is_a_clear_error(tmp_path) -> None:  # noqa: ANN001
-    hello = make_hello(draft_model_path=str(tmp_path / "no-such-model"))
-    c = DraftServerClient(hello, "bad", ipc_dir=str(tmp_path), handshake_timeout_s=START_TIMEOUT_S)
-    with pytest.raises(DraftServerError, match="could not load .*no-such-model.*does not exist"):
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"draft_model_path": "/no/such/draft-model"}, "does not exist"),
+        ({"draft_model_path": "sgl-spec/no-such-draft"}, "unknown model name"),
+        ({"device": "gpu:1"}, "draft device must be"),
+        ({"topk": 2}, "topk 2"),
+    ],
+)
+def test_bad_hello_is_refused_before_spawning(ipc_dir, overrides, match) -> None:  # noqa: ANN001
+    c = DraftServerClient(make_hello(**overrides), "refused", ipc_dir=ipc_dir)
+    with pytest.raises(DraftServerError, match=match):
         c.start()
-    assert not c.alive()
+    assert c.pid is None and not c.alive()
+
+
+def test_corrupt_model_is_a_clear_error(tmp_path, ipc_dir: str) -> None:  # noqa: ANN001
+    """A model directory the server cannot load: its fatal ErrorReport ends the handshake."""
+    corrupt = tmp_path / "corrupt-draft"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{not json")
+    hello = make_hello(draft_model_path=str(corrupt))
+    c = DraftServerClient(hello, "bad", ipc_dir=ipc_dir, handshake_timeout_s=START_TIMEOUT_S)
+    with pytest.raises(DraftServerError, match="failed to start: .*could not load .*corrupt-draft"):
+        c.start()
+    assert not c.alive() and c.pid is None
     c.close()

@@ -42,6 +42,23 @@ class DraftServerError(RuntimeError):
     """The draft server cannot serve: failed start, exit, fatal report or malformed reply."""
 
 
+def check_hello(hello: Hello) -> None:
+    """Refuse, before spawning anything, a Hello the draft server would refuse after a slow
+    start-up: unknown device syntax, tree drafting, a model path that does not exist."""
+    from sgl_spec.minedraft.draft_server import parse_device
+    from sgl_spec.models.registry import resolve_model_path
+
+    try:
+        parse_device(hello.device)
+        resolve_model_path(hello.draft_model_path)
+    except ValueError as exc:
+        raise DraftServerError(f"MineDraft draft server: {exc}") from exc
+    if hello.topk != 1:
+        raise DraftServerError(
+            f"MineDraft draft server: topk {hello.topk}, only chain drafts (topk 1) are served"
+        )
+
+
 def _tail(path: Path, num_lines: int = 15) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()[-num_lines:]
@@ -93,6 +110,7 @@ class DraftServerClient:
         """Spawn the process and wait for Ready; raises DraftServerError (process stopped)."""
         if self._proc is not None:
             raise DraftServerError("draft server already started; use restart()")
+        check_hello(self.hello)
         import zmq
 
         self._fatal = None

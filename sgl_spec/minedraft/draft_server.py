@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
     import zmq
 
+    # Before anything imports sgl_kernel (also done by the .pth start-up hook where installed).
+    import sgl_spec.cpu_kernels.boot  # noqa: F401
+
     addresses = draft_server_addresses(args.instance_id, args.ipc_dir)
     # The scheduler sends first, so it connects (its sends queue until we bind) and we bind.
     inbox = MessageChannel(addresses.to_draft_server, zmq.PULL, bind=True)

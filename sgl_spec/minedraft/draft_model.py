@@ -169,10 +169,6 @@ class DraftModel:
         self._free_slots(seq, 0)
         self.runner.req_to_token_pool.free_rows([seq.row])
 
-    def free_all(self) -> None:
-        for rid in list(self._seqs):
-            self.free(rid)
-
     def check_kv_accounting(self) -> None:
         """Every allocated KV slot belongs to a held token (no draft KV left behind, nothing
         freed twice); raises AssertionError otherwise. For tests and debugging."""
@@ -229,7 +225,7 @@ class DraftModel:
             logits = self._extend(seqs)
             for step in range(self.num_steps):
                 if step:
-                    logits = self._decode(seqs, ids[-1], step)
+                    logits = self._decode(seqs, ids[-1])
                 token, q = self._sample(logits, temps)
                 ids.append(token)
                 probs.append(q)
@@ -288,9 +284,9 @@ class DraftModel:
         )
         return self._forward("EXTEND", seqs, input_ids, positions, seq_lens, slots, fields)
 
-    def _decode(self, seqs: list[_Sequence], last: torch.Tensor, step: int) -> torch.Tensor:
-        """One DECODE forward feeding the previous draft token ``last`` [bs] at position
-        ``seq_len + step - 1``; returns logits [bs, vocab]."""
+    def _decode(self, seqs: list[_Sequence], last: torch.Tensor) -> torch.Tensor:
+        """One DECODE forward feeding the previous draft token ``last`` [bs] at the next
+        position of each row; returns logits [bs, vocab]."""
         slots = self._alloc(len(seqs))
         positions = []
         for i, seq in enumerate(seqs):

@@ -362,10 +362,11 @@ class MessageChannel:
             return None
         return decode(self._socket.recv(copy=False).buffer)
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close; ``linger_s`` bounds how long queued outgoing messages may still be sent."""
         if not self._socket.closed:
             self._poller.unregister(self._socket)
-            self._socket.close(linger=0)
+            self._socket.close(linger=int(linger_s * 1000))
 
     def __enter__(self) -> MessageChannel:
         return self

@@ -101,3 +101,24 @@ def test_filter_probs_matches_sglang_rule() -> None:
     # keep tokens while the sorted mass before them is <= top_p: 0.5, 0.25 (0.75 > 0.6 stops)
     out = tree_sampling.filter_probs(probs, None, torch.tensor([0.6]))
     torch.testing.assert_close(out, torch.tensor([[0.25, 0.5, 0.0, 0.0]]) / 0.75)
+
+
+def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypatch) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from sgl_spec.patches import specblock_kv_budget as patch
+
+    class Configurator:
+        def __init__(self, kvc) -> None:  # noqa: ANN001
+            self._cell_size = 1000
+
+    monkeypatch.setattr(patch, "drafter_bytes_per_token", lambda dtype: 250)
+    Configurator.__init__ = patch.counting_drafter(Configurator.__init__)
+
+    def kvc(name: str, draft: bool = False) -> SimpleNamespace:
+        algo = SimpleNamespace(name=name)
+        return SimpleNamespace(is_draft_worker=draft, spec_algorithm=algo, model_config=None)
+
+    assert Configurator(kvc("SPECBLOCK"))._cell_size == 1250
+    assert Configurator(kvc("SPECBLOCK", draft=True))._cell_size == 1000
+    assert Configurator(kvc("STANDALONE"))._cell_size == 1000

@@ -16,6 +16,21 @@ from sgl_spec.specblock.drafting import PrefixContext
 from sgl_spec.specblock.packing import context_visibility
 
 
+def drafter_kv_shape(config: object) -> tuple[int, int, int, int]:
+    """(layers, K, kv heads, head dim) of one drafter KV row from a ``SpecBlockConfig``."""
+    layer_cfg = config.llama_config()
+    head_dim = getattr(layer_cfg, "head_dim", None) or (
+        config.hidden_size // layer_cfg.num_attention_heads
+    )
+    return config.num_layers, config.block_size, layer_cfg.num_key_value_heads, head_dim
+
+
+def drafter_kv_bytes_per_row(config: object, dtype: torch.dtype) -> int:
+    """Bytes the drafter KV pool spends per target KV location (keys and values)."""
+    num_layers, k, heads, head_dim = drafter_kv_shape(config)
+    return 2 * num_layers * k * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 class DrafterKVPool:
     """Per layer ``[num_rows, K, n_kv, head_dim]`` keys and values."""
 

@@ -30,7 +30,7 @@ from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
 from sgl_spec.specblock.adapt_serving import OnlineAdapter
 from sgl_spec.specblock.algorithm import check_target_fit, runtime_settings
-from sgl_spec.specblock.draft_kv import DrafterKVPool
+from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
 from sgl_spec.specblock.info import SpecBlockDraftInput, SpecBlockVerifyInput
 from sgl_spec.specblock.model import CheckpointError, SpecBlockDrafter
@@ -101,17 +101,13 @@ class SpecBlockWorker(BaseSpecWorker):
     def pool(self) -> DrafterKVPool:
         """One drafter row per location of the target's KV pool (created after this worker)."""
         if self._pool is None:
-            cfg = self.drafter.config
-            layer_cfg = cfg.llama_config()
-            head_dim = getattr(layer_cfg, "head_dim", None) or cfg.hidden_size // (
-                layer_cfg.num_attention_heads
-            )
+            num_layers, block_size, heads, head_dim = drafter_kv_shape(self.drafter.config)
             kv_pool = self.model_runner.token_to_kv_pool
             self._pool = DrafterKVPool(
-                num_layers=cfg.num_layers,
+                num_layers=num_layers,
                 num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
-                block_size=cfg.block_size,
-                num_kv_heads=layer_cfg.num_key_value_heads,
+                block_size=block_size,
+                num_kv_heads=heads,
                 head_dim=head_dim,
                 dtype=self.model_runner.dtype,
                 device=self.device,

@@ -14,7 +14,11 @@ import sys
 
 from sgl_spec.argv import has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
-from sgl_spec.model_defaults import fill_mtp_defaults, prepare_model_args
+from sgl_spec.model_defaults import (
+    fill_mtp_defaults,
+    fill_specblock_defaults,
+    prepare_model_args,
+)
 
 logger = logging.getLogger("sgl_spec.launch_server")
 
@@ -64,6 +68,7 @@ def main(argv: list[str]) -> None:
         config, sglang_argv = split_argv(argv)
         sglang_argv = prepare_model_args(sglang_argv)
         config = fill_mtp_defaults(config, sglang_argv)
+        config = fill_specblock_defaults(config, sglang_argv)
         from sgl_spec.specblock.algorithm import check_launch_args
 
         check_launch_args(config, sglang_argv)

@@ -96,3 +96,20 @@ def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
     if config.mtp_k is None:
         config = replace(config, mtp_k=MTP_DEFAULT_K)
     return config
+
+
+def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+    """SPECBLOCK on the shipped target: the shipped drafter, unless one is given.
+    ``argv`` is SGLang's (after ``prepare_model_args``)."""
+    from dataclasses import replace
+
+    from sgl_spec.models.registry import is_shipped
+
+    algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
+    if algorithm != "SPECBLOCK" or not is_shipped(flag_value(argv, "--model-path") or ""):
+        return config
+    from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
+
+    if config.specblock_drafter_path is None:
+        config = replace(config, specblock_drafter_path=DEFAULT_SPECBLOCK_DRAFTER)
+    return config

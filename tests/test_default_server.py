@@ -42,3 +42,18 @@ def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
         timeout=120,
     )
     assert resp.status_code == 200, resp.text
+
+
+def test_specblock_needs_no_other_flag(default_server, tmp_path) -> None:  # noqa: ANN001
+    """`--speculative-algorithm SPECBLOCK` alone: the shipped target and the shipped SpecBlock
+    drafter, whose drafts are accepted; greedy output equals the (lossless) default server's."""
+    params = {"temperature": 0, "max_new_tokens": 64}
+    reference = default_server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
+    default_server.stop()  # one server at a time on a small host
+    server = Server(["--speculative-algorithm", "SPECBLOCK"], tmp_path / "specblock.log")
+    try:
+        out = server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
+    finally:
+        server.stop()
+    assert out["output_ids"] == reference["output_ids"]
+    assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]

@@ -13,6 +13,7 @@ from tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 from sgl_spec.config import ConfigError, split_argv
 from sgl_spec.cpu_kernels.tree_ops import verify_tree_greedy
+from sgl_spec.models.registry import resolve_model_path
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import DraftSettings, extend_prefix, grow_trees
 from sgl_spec.specblock.packing import (
@@ -278,6 +279,29 @@ def test_settings_and_target_fit_are_checked(tmp_path):
             check_target_fit(cfg, bad, "d")
 
 
+def test_shipped_target_gets_the_shipped_drafter():
+    from sgl_spec.config import SpecConfig
+    from sgl_spec.model_defaults import fill_specblock_defaults
+    from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
+    from sgl_spec.specblock.algorithm import check_launch_args, load_settings
+
+    argv = ["--model-path", DEFAULT_TARGET, "--speculative-algorithm", "SPECBLOCK"]
+    filled = fill_specblock_defaults(SpecConfig(), argv)
+    assert filled.specblock_drafter_path == DEFAULT_SPECBLOCK_DRAFTER
+    # the shipped drafter loads and fits the shipped target
+    settings = load_settings(filled)
+    assert settings.block_size > 1
+    check_launch_args(filled, ["--model-path", resolve_model_path(DEFAULT_TARGET), *argv[2:]])
+    mine = fill_specblock_defaults(SpecConfig(specblock_drafter_path="/x", specblock_m=3), argv)
+    assert (mine.specblock_drafter_path, mine.specblock_m) == ("/x", 3)
+    other = ["--model-path", "/some/model", "--speculative-algorithm", "SPECBLOCK"]
+    assert fill_specblock_defaults(SpecConfig(), other) == SpecConfig()
+    standalone = [*argv[:2], "--speculative-algorithm", "STANDALONE"]
+    assert fill_specblock_defaults(SpecConfig(), standalone) == SpecConfig()
+    k1 = load_settings(SpecConfig(specblock_drafter_path="sgl-spec/tiny-code-specblock-k1"))
+    assert k1.block_size == 1
+
+
 @pytest.mark.parametrize("case", ["missing", "wrong_target"])
 def test_launcher_refuses_bad_drafter_before_starting(tiny_models, tmp_path, case):  # noqa: ANN001
     drafter = tmp_path / "drafter"
@@ -294,3 +318,12 @@ def test_launcher_refuses_bad_drafter_before_starting(tiny_models, tmp_path, cas
     assert "error: --specblock-drafter-path" in proc.stderr, proc.stderr[-2000:]
     if case == "wrong_target":
         assert "does not fit the target" in proc.stderr
+
+
+def test_kv_budget_counts_the_drafter_pool_bytes():
+    from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row, drafter_kv_shape
+
+    config = specblock_drafter().config
+    layers, k, heads, head_dim = drafter_kv_shape(config)
+    pool = DrafterKVPool(layers, 10, k, heads, head_dim, torch.float16, "cpu")
+    assert drafter_kv_bytes_per_row(config, torch.float16) * 10 == pool.nbytes()

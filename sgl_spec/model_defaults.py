@@ -79,37 +79,34 @@ def prepare_model_args(argv: list[str]) -> list[str]:
     return resolve_paths(fill_shipped_defaults(argv))
 
 
-def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
-    """MTP_LORA on the shipped target: the shipped adapter and the measured-best k, unless given.
-    ``argv`` is SGLang's (after ``prepare_model_args``)."""
+def fill_unset_for_shipped(
+    config: SpecConfig, argv: list[str], algorithm: str, defaults: dict[str, object]
+) -> SpecConfig:
+    """``algorithm`` serving the shipped target: each ``SpecConfig`` field in ``defaults`` the
+    user left unset (None) gets its default. ``argv`` is SGLang's (after
+    ``prepare_model_args``)."""
     from dataclasses import replace
 
     from sgl_spec.models.registry import is_shipped
 
-    algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
-    if algorithm != "MTP_LORA" or not is_shipped(flag_value(argv, "--model-path") or ""):
+    chosen = (flag_value(argv, "--speculative-algorithm") or "").upper()
+    if chosen != algorithm or not is_shipped(flag_value(argv, "--model-path") or ""):
         return config
+    unset = {name: value for name, value in defaults.items() if getattr(config, name) is None}
+    return replace(config, **unset)
+
+
+def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+    """MTP_LORA on the shipped target: the shipped adapter and the measured-best k, unless given."""
     from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER
 
-    if config.mtp_lora_path is None:
-        config = replace(config, mtp_lora_path=DEFAULT_MTP_ADAPTER)
-    if config.mtp_k is None:
-        config = replace(config, mtp_k=MTP_DEFAULT_K)
-    return config
+    defaults = {"mtp_lora_path": DEFAULT_MTP_ADAPTER, "mtp_k": MTP_DEFAULT_K}
+    return fill_unset_for_shipped(config, argv, "MTP_LORA", defaults)
 
 
 def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
-    """SPECBLOCK on the shipped target: the shipped drafter, unless one is given.
-    ``argv`` is SGLang's (after ``prepare_model_args``)."""
-    from dataclasses import replace
-
-    from sgl_spec.models.registry import is_shipped
-
-    algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
-    if algorithm != "SPECBLOCK" or not is_shipped(flag_value(argv, "--model-path") or ""):
-        return config
+    """SPECBLOCK on the shipped target: the shipped drafter, unless one is given."""
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
-    if config.specblock_drafter_path is None:
-        config = replace(config, specblock_drafter_path=DEFAULT_SPECBLOCK_DRAFTER)
-    return config
+    defaults = {"specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER}
+    return fill_unset_for_shipped(config, argv, "SPECBLOCK", defaults)

@@ -17,6 +17,7 @@ CPU_FALLBACK_CHOICES = ("auto", "on", "off")
 MAX_MTP_K = 8
 SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}  # App. A.5
 MAX_SPECBLOCK_NODES = 256
+MINEDRAFT_DRAFTERS = ("model", "specblock")
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,10 @@ class SpecConfig:
     specblock_max_nodes: int = 32  # --specblock-max-nodes: verified tree nodes per request
     specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
     specblock_adapt_options: str | None = None  # --specblock-adapt-options: key=value,...
+    speculative_draft_device: str | None = None  # --speculative-draft-device: MINEDRAFT drafter
+    minedraft_drafter: str = "model"  # --minedraft-drafter: model (a draft LM) or specblock
+    minedraft_policy: str = "balanced"  # --minedraft-policy: batch assignment (§5.1 / App. A)
+    minedraft_draft_timeout: float = 30.0  # --minedraft-draft-timeout: seconds per sync point
 
     def __post_init__(self) -> None:
         if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
@@ -50,6 +55,31 @@ class SpecConfig:
                     f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
                 )
         self._check_specblock()
+        self._check_minedraft()
+
+    def _check_minedraft(self) -> None:
+        if self.speculative_draft_device is not None:
+            from sgl_spec.minedraft.draft_server import parse_device
+
+            try:
+                parse_device(self.speculative_draft_device)
+            except ValueError as exc:
+                raise ConfigError(f"--speculative-draft-device: {exc}") from None
+        if self.minedraft_drafter not in MINEDRAFT_DRAFTERS:
+            raise ConfigError(
+                f"--minedraft-drafter must be one of {', '.join(MINEDRAFT_DRAFTERS)};"
+                f" got {self.minedraft_drafter!r}"
+            )
+        from sgl_spec.minedraft.batch_manager import POLICIES
+
+        if self.minedraft_policy not in POLICIES:
+            raise ConfigError(
+                f"--minedraft-policy must be one of {', '.join(POLICIES)};"
+                f" got {self.minedraft_policy!r}"
+            )
+        timeout = self.minedraft_draft_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(f"--minedraft-draft-timeout must be > 0 seconds; got {timeout!r}")
 
     def _check_specblock(self) -> None:
         for flag, value, low, high in (
@@ -165,6 +195,36 @@ class SpecConfig:
             " warmup_queries=10,measure_queries=8,buffer_queries=4,lr=3e-4).",
         )
 
+        group.add_argument(
+            "--speculative-draft-device",
+            dest="speculative_draft_device",
+            default=None,
+            help="MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
+            " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
+            " Default: the last GPU if there are two or more, else cpu:1.",
+        )
+        group.add_argument(
+            "--minedraft-drafter",
+            dest="minedraft_drafter",
+            default="model",
+            help="MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
+            " --speculative-draft-model-path) or 'specblock' (not servable yet).",
+        )
+        group.add_argument(
+            "--minedraft-policy",
+            dest="minedraft_policy",
+            default="balanced",
+            help="MINEDRAFT: batch assignment, 'balanced' (every new request joins the smaller"
+            " batch, App. A) or 'paper' (§5.1 as published).",
+        )
+        group.add_argument(
+            "--minedraft-draft-timeout",
+            dest="minedraft_draft_timeout",
+            default="30",
+            help="MINEDRAFT: seconds to wait for the draft server at a sync point before it is"
+            " treated as hung, restarted, and the step decoded target-only (default 30).",
+        )
+
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
         return cls(
@@ -180,6 +240,12 @@ class SpecConfig:
             mtp_lora_path=ns.mtp_lora_path,
             mtp_k=ns.mtp_k,
             mtp_gamma_table=ns.mtp_gamma_table,
+            speculative_draft_device=ns.speculative_draft_device,
+            minedraft_drafter=ns.minedraft_drafter,
+            minedraft_policy=ns.minedraft_policy,
+            minedraft_draft_timeout=_float_flag(
+                "--minedraft-draft-timeout", ns.minedraft_draft_timeout
+            ),
         )
 
     def to_env(self) -> str:
@@ -205,6 +271,15 @@ def _int_flag(flag: str, value: str | int | None) -> int | None:
         return int(value)
     except ValueError:
         raise ConfigError(f"{flag} must be an integer; got {value!r}") from None
+
+
+def _float_flag(flag: str, value: str | float) -> float:
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{flag} must be a number; got {value!r}") from None
 
 
 def specblock_bucket_map(value: str) -> tuple[int, int, int, int]:

@@ -87,6 +87,7 @@ class CoverageStats:
     num_undrafted: int = 0
     num_assigned: int = 0
     num_recycled: int = 0
+    num_moved: int = 0  # rebalance() moves
     max_abs_balance: int = 0
 
     @property
@@ -116,6 +117,7 @@ class CoverageStats:
             "num_undrafted": self.num_undrafted,
             "num_assigned": self.num_assigned,
             "num_recycled": self.num_recycled,
+            "num_moved": self.num_moved,
             "max_abs_balance": self.max_abs_balance,
             "coverage": self.coverage,
         }
@@ -209,6 +211,31 @@ class BatchManager:
         self.balance -= 1 if batch_id == 0 else -1
         self.stats.num_recycled += 1
         return batch_id
+
+    def rebalance(self, max_gap: int = 1) -> list[str]:
+        """Move requests until the sizes differ by at most ``max_gap``; returns the moved ids.
+
+        Assignment alone cannot undo an imbalance when no new request arrives (a third of one
+        batch aborted, Appendix A), and a batch left empty turns every later step into the
+        fallback. Only the ``"balanced"`` policy moves requests. The latest-admitted requests
+        of the larger batch move; a request's drafts (if any) are for the batch it left, so it
+        is drafted again before its next verify when it joins the draft batch, or verified once
+        without drafts when it joins the target batch (counted as undrafted).
+        """
+        if self.policy != "balanced" or max_gap < 1:
+            return []
+        moved = []
+        while abs(self.balance) > max_gap:
+            src = 0 if self.balance > 0 else 1
+            rid = next(reversed(self._members[src]))
+            del self._members[src][rid]
+            self._members[1 - src][rid] = None
+            self._batch_of[rid] = 1 - src
+            self._has_drafts.discard(rid)
+            self.balance += -2 if src == 0 else 2
+            self.stats.num_moved += 1
+            moved.append(rid)
+        return moved
 
     # -- steps (§5.2) ------------------------------------------------------------------------
 

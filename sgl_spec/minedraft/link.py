@@ -1,0 +1,188 @@
+"""The scheduler's supervised link to the draft server: what it holds, faults, restarts.
+
+``DraftLink`` wraps ``DraftServerClient`` with the bookkeeping the worker needs each step:
+
+* which tokens of each request the server already holds (``DraftEntry.appended_ids`` carries
+  only the new ones; a new or re-sent request carries its whole sequence as the prompt);
+* the requests that left since the last submit (``DraftRequest.removed_rids``);
+* fault handling (issue item 6): an exit, a fatal report, a malformed frame or a sync point
+  with no result within the timeout marks the link down. The step goes on target-only (the
+  caller gets no drafts), a background thread restarts the server (with a growing back-off
+  while starts fail), and once it is back every request is re-sent with its prompt. Nothing
+  here raises into the serving loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sgl_spec.messages import DraftEntry, DraftRequest
+
+logger = logging.getLogger(__name__)
+RESTART_BACKOFF_S = (1.0, 5.0, 15.0, 30.0)
+
+
+@dataclass(frozen=True)
+class DraftJob:
+    """One request to draft: its whole verified sequence (prompt + outputs, the last token
+    being the root of the next verify). Only ``tokens[sent:]`` travels."""
+
+    rid: str
+    tokens: Sequence[int]
+    prompt_len: int
+
+
+class DraftLink:
+    def __init__(self, client, timeout_s: float) -> None:  # noqa: ANN001  (DraftServerClient)
+        self.client = client
+        self.timeout_s = timeout_s
+        self._sent: dict[str, int] = {}  # rid -> tokens the server holds
+        self._removed: list[str] = []
+        self._pending: dict[int, dict[str, int]] = {}  # step id -> rid -> drafted seq len
+        self._lock = threading.Lock()
+        self._up = False
+        self._restarting = False
+        self._generation_seen = 0
+        self.num_faults = 0
+        self.num_restarts = 0
+        self.last_fault = ""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the server synchronously (start-up: a failure is the user's to see)."""
+        self.client.start()
+        self._generation_seen = self.client.generation
+        self._up = True
+
+    @property
+    def up(self) -> bool:
+        with self._lock:
+            if not self._up or self._restarting:
+                return False
+        if self.client.generation != self._generation_seen:  # a restart finished
+            self._generation_seen = self.client.generation
+            self._sent.clear()
+            self._removed.clear()
+            self._pending.clear()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._up = False
+        self.client.close()
+
+    def fault(self, reason: str) -> None:
+        """Mark the server unusable and restart it in the background (idempotent while a
+        restart is under way)."""
+        with self._lock:
+            self.num_faults += 1
+            self.last_fault = reason
+            self._up = False
+            if self._restarting:
+                return
+            self._restarting = True
+        logger.warning(
+            "MINEDRAFT: draft server fault (%s); decoding target-only, restarting", reason
+        )
+        self._pending.clear()
+        threading.Thread(target=self._restart_loop, name="minedraft-restart", daemon=True).start()
+
+    def _restart_loop(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                self.client.restart()
+                break
+            except Exception as exc:  # noqa: BLE001 -- keep serving target-only, retry
+                wait = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
+                logger.warning(
+                    "MINEDRAFT: draft server restart failed (%s); retry in %.0fs", exc, wait
+                )
+                attempt += 1
+                time.sleep(wait)
+        with self._lock:
+            self.num_restarts += 1
+            self._restarting = False
+            self._up = True
+        logger.info(
+            "MINEDRAFT: draft server restarted (pid %s); parallel mode resumes", self.client.pid
+        )
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def removed(self, rids: Sequence[str]) -> None:
+        """Requests that left the batch: the server frees them with the next submit."""
+        for rid in rids:
+            if self._sent.pop(rid, None) is not None:
+                self._removed.append(rid)
+
+    def submit(self, step_id: int, batch_id: int, jobs: Sequence[DraftJob]) -> bool:
+        """Send one draft batch; False (and a fault) if the server cannot take it."""
+        if not self.up:
+            return False
+        entries = []
+        for job in jobs:
+            sent = self._sent.get(job.rid)
+            total = len(job.tokens)
+            if sent is None or sent > total:
+                prompt = np.asarray(job.tokens, dtype=np.int32)
+                entries.append(DraftEntry(job.rid, np.zeros(0, np.int32), total, prompt_ids=prompt))
+            else:
+                appended = np.asarray(job.tokens[sent:], dtype=np.int32)
+                entries.append(DraftEntry(job.rid, appended, total))
+            self._sent[job.rid] = total
+        request = DraftRequest(step_id, batch_id, tuple(entries), tuple(self._removed))
+        try:
+            self.client.submit(request)
+        except Exception as exc:  # noqa: BLE001 -- DraftServerError, MessageError, zmq errors
+            self.fault(f"submit failed: {exc}")
+            return False
+        self._removed.clear()
+        self._pending[step_id] = {job.rid: len(job.tokens) for job in jobs}
+        return True
+
+    def collect(self, step_id: int) -> tuple[dict[str, tuple[int, np.ndarray]], float] | None:
+        """The drafts of step ``step_id`` as rid -> (sequence length they continue, ids), and
+        the server's drafting time; None after a fault (then the step has no drafts)."""
+        expected = self._pending.pop(step_id, None)
+        if expected is None or not self.up:
+            return None
+        try:
+            result = self.client.collect(self.timeout_s, step_id=step_id)
+        except Exception as exc:  # noqa: BLE001 -- DraftServerError, MessageError
+            self.fault(f"collect failed: {exc}")
+            return None
+        if result is None:
+            self.fault(f"no drafts within {self.timeout_s:.1f}s (hung)")
+            return None
+        for report in self.client.take_errors():  # dropped requests: re-send with prompt
+            logger.warning("MINEDRAFT: draft server dropped %s: %s", report.rids, report.message)
+            for rid in report.rids:
+                self._sent.pop(rid, None)
+        drafts = {}
+        for out in result.outputs:
+            seq_len = expected.get(out.rid)
+            if seq_len is None:
+                self.fault(f"draft for unknown request {out.rid!r}")
+                return None
+            drafts[out.rid] = (seq_len, out.draft_ids)
+        return drafts, float(result.draft_time_s)
+
+    def check_output(
+        self, drafts: dict[str, tuple[int, np.ndarray]], vocab_size: int, max_len: int
+    ) -> bool:
+        """Malformed drafts (ids out of the vocabulary, too many) are a fault, never verified."""
+        for rid, (_, ids) in drafts.items():
+            if len(ids) > max_len or (
+                len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size)
+            ):
+                self.fault(f"malformed drafts for {rid!r}: {ids.tolist()[:8]}")
+                return False
+        return True

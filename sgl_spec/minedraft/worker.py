@@ -1,0 +1,365 @@
+"""MINEDRAFT worker: batch-parallel speculative decoding inside SGLang's scheduler (paper §5.2).
+
+The running requests are split into two batches by the ``BatchManager`` (§5.1, with the
+Appendix A load-balancing fix). One call of SGLang's decode step runs two MineDraft SD steps
+(*phases*), so every running request is verified exactly once per call and SGLang's own
+scheduling, KV reservation and output processing stay as they are:
+
+    phase 1: submit batch B to the draft server | target verifies batch A | sync (B's drafts)
+    phase 2: submit batch A (with phase 1's tokens) | target verifies batch B | sync (A's drafts)
+
+The drafts collected at each sync point are verified one phase later: B's in phase 2, A's in
+phase 1 of the next call. The target never holds KV for a batch it is not verifying (§5.3):
+each request's verify slots are SGLang's ordinary one-verify-per-step reservation, so the KV
+footprint equals STANDALONE's on the same requests (``tests/test_minedraft_serving.py``).
+
+Fallback (§5.2): with one batch empty, or with requests whose outputs SGLang post-processes per
+batch row (logprobs, penalties, hidden states, custom logit processors, grammars, sampling
+masks), the call is one standard SD step: draft everything, then verify everything. Without a
+draft server (crashed, hung, restarting: ``link.py``) requests are verified without drafts,
+i.e. decoded target-only, and stay lossless. Verification is SGLang's tree verify on chain
+trees: greedy takes the longest matching prefix, sampling is target-only rejection sampling,
+whose output law is the target's whatever the drafts (greedy drafts are sent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+
+from sgl_spec.config import SpecConfig
+from sgl_spec.messages import Hello
+from sgl_spec.minedraft.algorithm import load_settings
+from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
+from sgl_spec.minedraft.client import DraftServerClient
+from sgl_spec.minedraft.info import MineDraftDraftInput
+from sgl_spec.minedraft.link import DraftJob, DraftLink
+from sgl_spec.minedraft.stats import MineDraftStats
+from sgl_spec.specblock.info import SpecBlockVerifyInput
+from sgl_spec.specblock.packing import pack_trees
+from sgl_spec.specblock.tree import DraftTree
+
+logger = logging.getLogger(__name__)
+LOG_EVERY = 100  # phases between metrics lines
+_TREE_VERIFY_TOPK = 2  # selects run_eagle_verify's path compaction (identity for chains)
+
+
+@dataclass
+class _Phase:
+    rows: list[int]  # batch rows verified
+    result: GenerationBatchResult
+
+
+class MineDraftWorker(BaseSpecWorker):
+    """Wraps the target worker; the draft model runs in the draft-server process."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+        super().__init__()
+        self.settings = load_settings(SpecConfig.from_env(), server_args)
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.device = target_worker.device
+        self.width = self.settings.width
+        self.vocab_size = int(self.model_runner.model_config.vocab_size)
+        self.manager = BatchManager(self.settings.policy)
+        self.stats = MineDraftStats()
+        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
+        self._drafts: dict[str, tuple[int, np.ndarray]] = {}  # rid -> (seq len, draft ids)
+        self._step = 0  # draft requests sent (ids for the draft server)
+        hello = Hello(
+            draft_model_path=self.settings.draft_model_path,
+            device=self.settings.device,
+            num_steps=self.settings.num_steps,
+            num_draft_tokens=self.width,
+            topk=1,
+            max_batch_size=self.settings.max_batch_size,
+            seed=int(server_args.random_seed or 0),
+        )
+        client = DraftServerClient(hello, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.link = DraftLink(client, self.settings.draft_timeout_s)
+        self._leave_draft_cores()
+        self.link.start()
+        logger.info(
+            "MINEDRAFT: draft server pid %s on %s (%s), %d drafts per request, policy %s",
+            client.pid,
+            self.settings.device,
+            self.settings.draft_model_path,
+            self.settings.num_steps,
+            self.settings.policy,
+        )
+        # Read by SGLang's speculative infrastructure.
+        self.speculative_num_steps = self.settings.num_steps
+        self.speculative_num_draft_tokens = self.width
+        self.topk = 1
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        if name == "_target_worker":
+            raise AttributeError(name)
+        return getattr(self._target_worker, name)
+
+    @property
+    def draft_worker(self):  # noqa: ANN201
+        return None
+
+    def _leave_draft_cores(self) -> None:
+        """``cpu:N``: the draft server takes the last N cores; the target keeps the others."""
+        from sgl_spec.minedraft.draft_server import cpu_core_set, parse_device
+
+        spec = parse_device(self.settings.device)
+        if spec.kind != "cpu" or spec.index is None or not hasattr(os, "sched_setaffinity"):
+            return
+        available = sorted(os.sched_getaffinity(0))
+        mine = sorted(set(available) - set(cpu_core_set(spec.index, available)))
+        os.sched_setaffinity(0, mine)
+        torch.set_num_threads(len(mine))
+        logger.info("MINEDRAFT: target on cores %s", ",".join(map(str, mine)))
+
+    # ---- entry point -------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
+        if batch.forward_mode.is_extend():
+            return self._forward_prefill(batch)
+        if batch.forward_mode.is_decode():
+            return self._forward_decode(batch)
+        raise RuntimeError(
+            f"MINEDRAFT expected an EXTEND or DECODE batch, got {batch.forward_mode}"
+        )
+
+    def _forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        result = self._target_worker.forward_batch_generation(batch)
+        result.new_seq_lens = batch.seq_lens
+        if isinstance(result.next_token_ids, torch.Tensor):
+            result.next_draft_input = MineDraftDraftInput(
+                bonus_tokens=result.next_token_ids.reshape(-1).to(torch.int64),
+                new_seq_lens=batch.seq_lens,
+            )
+        return result
+
+    # ---- decode: two phases ------------------------------------------------------------------
+
+    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        rids = [req.rid for req in batch.reqs]
+        self._sync_membership(rids)
+        for rid in self.manager.rebalance():
+            self._drafts.pop(rid, None)
+        row_of = {rid: i for i, rid in enumerate(rids)}
+        extra: dict[str, list[int]] = {}  # tokens verified earlier in this call
+        phases: list[_Phase] = []
+        plan = self.manager.plan_step()
+        if plan.parallel and self._can_split(batch):
+            for _ in range(2):
+                plan = self.manager.plan_step()
+                draft_rows = [row_of[r] for r in plan.draft_rids]
+                target_rows = [row_of[r] for r in plan.target_rids]
+                phases.append(self._phase(batch, plan, target_rows, draft_rows, extra, True))
+        else:  # standard SD on the whole batch (§5.2)
+            rows = list(range(len(rids)))
+            phases.append(self._phase(batch, plan, rows, rows, extra, False))
+        return self._merge(batch, phases)
+
+    def _sync_membership(self, rids: list[str]) -> None:
+        """Recycle the requests that left since the last call, assign the new ones (§5.1)."""
+        current = set(rids)
+        gone = [rid for rid in list(self.manager._batch_of) if rid not in current]
+        for rid in gone:
+            self.manager.recycle(rid)
+            self._drafts.pop(rid, None)
+        self.link.removed(gone)
+        for rid in rids:
+            if rid not in self.manager:
+                self.manager.assign(rid)
+
+    @staticmethod
+    def _can_split(batch) -> bool:  # noqa: ANN001
+        """Rows whose outputs SGLang post-processes per batch position need one verify."""
+        info = batch.sampling_info
+        penalizer = getattr(info, "penalizer_orchestrator", None)
+        return not (
+            batch.return_logprob
+            or batch.return_hidden_states
+            or batch.has_grammar
+            or (penalizer is not None and penalizer.is_required)
+            or info.has_custom_logit_processor
+            or getattr(info, "return_sampling_masks", None) is not None
+        )
+
+    def _phase(self, batch, plan: StepPlan, target_rows, draft_rows, extra, parallel: bool):  # noqa: ANN001, ANN202
+        """One SD step: submit ``draft_rows`` to the draft server, verify ``target_rows``, sync.
+        In a fallback step both are the whole batch and the drafts are awaited first."""
+        tic = time.perf_counter()
+        self._step += 1
+        jobs = [self._job(batch.reqs[i], extra) for i in draft_rows]
+        submitted = bool(jobs) and self.link.submit(self._step, plan.skip_batch, jobs)
+        wait_s = draft_s = 0.0
+        if not parallel and submitted:
+            draft_s = self._collect(self._step)
+            submitted = False
+        verify_tic = time.perf_counter()
+        num_undrafted = sum(1 for i in target_rows if self._take_drafts(batch.reqs[i]) is None)
+        result = self._verify(batch, target_rows)
+        verify_s = time.perf_counter() - verify_tic
+        if submitted:
+            sync_tic = time.perf_counter()
+            draft_s = self._collect(self._step)
+            wait_s = time.perf_counter() - sync_tic
+        accept = result.accept_lens.tolist()
+        tokens = result.next_token_ids.view(len(target_rows), self.width).tolist()
+        for i, row in enumerate(target_rows):
+            extra.setdefault(batch.reqs[row].rid, []).extend(tokens[i][: accept[i]])
+        self.stats.record_phase(
+            parallel=parallel,
+            num_verified=len(target_rows),
+            num_accepted=sum(accept) - len(accept),
+            num_undrafted=num_undrafted,
+            verify_s=verify_s if parallel else time.perf_counter() - tic,
+            draft_s=draft_s,
+            wait_s=wait_s,
+        )
+        self.manager.alternate(plan)
+        if self.stats.phases % LOG_EVERY == 0:
+            logger.info(
+                self.stats.summary(
+                    self.link.num_faults, self.link.num_restarts, self.manager.balance
+                )
+            )
+        return _Phase(target_rows, result)
+
+    def _job(self, req, extra: dict[str, list[int]]) -> DraftJob:  # noqa: ANN001
+        tokens = [*req.origin_input_ids, *req.output_ids, *extra.get(req.rid, ())]
+        return DraftJob(req.rid, tokens, len(req.origin_input_ids))
+
+    def _collect(self, step_id: int) -> float:
+        got = self.link.collect(step_id)
+        if got is None:
+            return 0.0
+        drafts, draft_s = got
+        if self.link.check_output(drafts, self.vocab_size, self.settings.num_steps):
+            self._drafts.update(drafts)
+        return draft_s
+
+    def _take_drafts(self, req) -> np.ndarray | None:  # noqa: ANN001
+        """Drafts continuing exactly this request's current sequence, if any."""
+        entry = self._drafts.get(req.rid)
+        if entry is None:
+            return None
+        seq_len, ids = entry
+        if seq_len != len(req.origin_input_ids) + len(req.output_ids):
+            return None
+        return ids
+
+    # ---- verify ------------------------------------------------------------------------------
+
+    def _verify(self, batch, rows: list[int]) -> GenerationBatchResult:  # noqa: ANN001
+        sub = _sub_batch(batch, rows)
+        seq_lens = sub.seq_lens.tolist()
+        roots = batch.spec_info.bonus_tokens[rows].tolist()
+        trees = []
+        for row, root in zip(rows, roots, strict=True):
+            tree = DraftTree.rooted_at(int(root))
+            drafts = self._drafts.pop(batch.reqs[row].rid, None)
+            if drafts is not None and drafts[0] == _seq_total(batch.reqs[row]):
+                parent = 0
+                for token in drafts[1].tolist():
+                    parent = tree.add(int(token), parent, 0.0)
+            trees.append(tree)
+        packed = pack_trees(trees, seq_lens, self.width, int(self._mask_mode()))
+        dev = self.device
+        sub.spec_info = SpecBlockVerifyInput(
+            draft_token=packed.draft_tokens.to(dev),
+            custom_mask=packed.custom_mask.to(dev),
+            positions=packed.positions.to(dev),
+            retrieve_index=packed.retrieve_index.to(dev),
+            retrieve_next_token=packed.retrieve_next_token.to(dev),
+            retrieve_next_sibling=packed.retrieve_next_sibling.to(dev),
+            retrieve_cum_len=None,
+            spec_steps=self.settings.num_steps,
+            topk=-1,
+            draft_token_num=self.width,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            seq_lens_sum=None,
+            seq_lens_cpu=None,
+        )
+        return run_eagle_verify(
+            sub,
+            target_worker=self._target_worker,
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+            plan_stream=None,
+            plan_stream_ctx=contextlib.nullcontext(),
+            topk=_TREE_VERIFY_TOPK,
+            num_draft_tokens=self.width,
+            device=dev,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+        )
+
+    def _mask_mode(self):  # noqa: ANN202
+        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
+        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
+
+    def _merge(self, batch, phases: list[_Phase]) -> GenerationBatchResult:  # noqa: ANN001
+        """One result in the batch's row order, as one verify of the whole batch returns it."""
+        if len(phases) == 1 and phases[0].rows == list(range(len(batch.reqs))):
+            result = phases[0].result
+        else:
+            bs, dev = len(batch.reqs), self.device
+            first = phases[0].result
+            ids = torch.zeros(bs, self.width, dtype=first.next_token_ids.dtype, device=dev)
+            accept = torch.zeros(bs, dtype=first.accept_lens.dtype, device=dev)
+            seq_lens = batch.seq_lens.clone()
+            bonus = torch.zeros(bs, dtype=torch.int64, device=dev)
+            for phase in phases:
+                rows = torch.tensor(phase.rows, dtype=torch.long, device=dev)
+                res = phase.result
+                ids[rows] = res.next_token_ids.view(len(phase.rows), self.width)
+                accept[rows] = res.accept_lens
+                seq_lens[rows] = res.new_seq_lens.to(seq_lens.dtype)
+                bonus[rows] = res.next_draft_input.bonus_tokens.to(torch.int64)
+            result = GenerationBatchResult(
+                logits_output=phases[-1].result.logits_output,
+                next_token_ids=ids.reshape(-1),
+                can_run_cuda_graph=False,
+                speculative_num_draft_tokens=self.width,
+                next_draft_input=MineDraftDraftInput(bonus_tokens=bonus, new_seq_lens=seq_lens),
+                accept_lens=accept,
+                new_seq_lens=seq_lens,
+            )
+            return result
+        result.next_draft_input = MineDraftDraftInput(
+            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
+            new_seq_lens=result.new_seq_lens,
+        )
+        return result
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def _seq_total(req) -> int:  # noqa: ANN001
+    return len(req.origin_input_ids) + len(req.output_ids)
+
+
+def _sub_batch(batch, rows: list[int]):  # noqa: ANN001, ANN202
+    """A copy of ``batch`` holding ``rows`` only; ``batch`` itself is left untouched (its
+    sampling info is copied before SGLang's in-place filter; ``_can_split`` keeps rows with
+    penalizer state, which that filter would mutate, out of split steps)."""
+    sub = copy.copy(batch)
+    sub.sampling_info = copy.copy(batch.sampling_info)
+    sub.spec_info = None
+    if len(rows) != len(batch.reqs):
+        sub.filter_batch(keep_indices=rows)
+    return sub

@@ -6,11 +6,13 @@ No servers or subprocesses here, so all of it is unit-tested without a model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ class Algorithm:
     defaults: tuple[tuple[str, str], ...] = ()
     speculative: bool = True
     own_speculative_flags: bool = False  # drop pass-through --speculative-* (no draft model)
+    env: tuple[tuple[str, str], ...] = ()  # set for this server only
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -74,6 +77,19 @@ ALGORITHMS: dict[str, Algorithm] = {
         (("--specblock-m", "8"),),
         own_speculative_flags=True,
     ),
+    # the draft server on a core of its own (cpu:1, the last core); the target keeps the rest
+    "minedraft": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
+    # STANDALONE held to one core (SGLang's CPU thread binding): with "minedraft" on a 2-core
+    # host this is the paper's setting, the same target device plus one extra for drafting
+    "standalone-1core": Algorithm(
+        ("--speculative-algorithm", "STANDALONE"),
+        CHAIN_DEFAULTS,
+        env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),),
+    ),
+    "none-1core": Algorithm(speculative=False, env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),)),
 }
 # Server-side metrics read from the last metrics line an algorithm's worker logged
 # (cumulative over the server's life): log prefix -> {key in the line: key in the results}.
@@ -83,6 +99,16 @@ SERVER_METRIC_LINES = {
         "drafter_forwards_per_iter": "drafter_forwards_per_iter",
         "mean_accept_length": "server_accept_length",
         "mean_step_ms": "server_mean_step_ms",
+    },
+    "MINEDRAFT: steps=": {
+        "coverage": "coverage",
+        "mean_accept_length": "server_accept_length",
+        "draft_ms": "draft_ms_per_step",
+        "verify_ms": "verify_ms_per_step",
+        "overlap_ms": "overlap_ms_per_step",
+        "wait_ms": "wait_ms_per_step",
+        "overlap_bound": "overlap_bound",
+        "faults": "draft_server_faults",
     },
 }
 SERVER_METRICS = tuple(k for keys in SERVER_METRIC_LINES.values() for k in keys.values())
@@ -183,6 +209,21 @@ def server_flags(algorithm: str, extra: list[str]) -> list[str]:
         if not has_flag(extra, name):
             flags += [name, value]
     return flags
+
+
+@contextlib.contextmanager
+def algorithm_env(algorithm: str) -> Iterator[None]:
+    """The algorithm's environment variables, set while its server starts (inherited)."""
+    saved = {name: os.environ.get(name) for name, _ in ALGORITHMS[algorithm].env}
+    os.environ.update(dict(ALGORITHMS[algorithm].env))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def model_path(extra: list[str]) -> str | None:

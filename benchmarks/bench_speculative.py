@@ -29,6 +29,7 @@ from pathlib import Path
 import requests
 from _bench_lib import (
     BenchError,
+    algorithm_env,
     assemble,
     bench_serving_argv,
     combine_rounds,
@@ -114,7 +115,8 @@ def run_algorithm(
     print(f"[{algorithm}] starting server on port {port} (logs {work})", flush=True)
     server, stage = None, "server start"
     try:
-        server = ServerProcess(server_flags(algorithm, extra), port, work / "server.log")
+        with algorithm_env(algorithm):
+            server = ServerProcess(server_flags(algorithm, extra), port, work / "server.log")
         started = time.monotonic()
         server.wait_ready(args.timeout)
         print(f"[{algorithm}] ready in {time.monotonic() - started:.0f}s", flush=True)

@@ -69,9 +69,11 @@ def main(argv: list[str]) -> None:
         sglang_argv = prepare_model_args(sglang_argv)
         config = fill_mtp_defaults(config, sglang_argv)
         config = fill_specblock_defaults(config, sglang_argv)
-        from sgl_spec.specblock.algorithm import check_launch_args
+        from sgl_spec.minedraft import algorithm as minedraft_algorithm
+        from sgl_spec.specblock import algorithm as specblock_algorithm
 
-        check_launch_args(config, sglang_argv)
+        specblock_algorithm.check_launch_args(config, sglang_argv)
+        minedraft_algorithm.check_launch_args(config, sglang_argv)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
     from sgl_spec.cpu_kernels.install import ensure_boot_hook

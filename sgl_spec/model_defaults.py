@@ -22,6 +22,10 @@ STANDALONE_DEFAULTS = {
     "--speculative-num-draft-tokens": "4",
 }
 
+# MINEDRAFT on the shipped models: the shipped draft model drafts a chain of 3 (the draft
+# server's device defaults to cpu:1 / the last GPU, sgl_spec/minedraft/algorithm.py).
+MINEDRAFT_DEFAULTS = {"--speculative-num-steps": "3"}
+
 
 # Measured on the shipped target + adapter (benchmarks/RESULTS.md): a fixed k is slower than
 # plain decoding on the CPU hosts measured; the controller keeps drafts off there (0.88-1.03x of
@@ -57,8 +61,9 @@ def resolve_paths(argv: list[str]) -> list[str]:
 
 
 def fill_shipped_defaults(argv: list[str]) -> list[str]:
-    """No --model-path: the shipped target with STANDALONE. A shipped target with STANDALONE and
-    no draft: the shipped draft. Step/width defaults only where the user gave none."""
+    """No --model-path: the shipped target with STANDALONE. A shipped target with STANDALONE or
+    MINEDRAFT and no draft: the shipped draft. Step/width defaults only where the user gave
+    none."""
     from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped
 
     if flag_value(argv, "--model-path") is None:
@@ -66,10 +71,11 @@ def fill_shipped_defaults(argv: list[str]) -> list[str]:
         if flag_value(argv, "--speculative-algorithm") is None:
             argv += ["--speculative-algorithm", DEFAULT_ALGORITHM]
     algorithm = (flag_value(argv, "--speculative-algorithm") or "").upper()
-    if algorithm == "STANDALONE" and is_shipped(flag_value(argv, "--model-path") or ""):
+    defaults = {"STANDALONE": STANDALONE_DEFAULTS, "MINEDRAFT": MINEDRAFT_DEFAULTS}.get(algorithm)
+    if defaults is not None and is_shipped(flag_value(argv, "--model-path") or ""):
         if flag_value(argv, "--speculative-draft-model-path") is None:
             argv += ["--speculative-draft-model-path", DEFAULT_DRAFT]
-        for flag, value in STANDALONE_DEFAULTS.items():
+        for flag, value in defaults.items():
             if flag_value(argv, flag) is None:
                 argv += [flag, value]
     return argv

@@ -187,3 +187,24 @@ def assert_speculative_sampling_law(
     result = chi_square_gof([tuple(o["output_ids"][:3]) for o in out], law)
     assert result.num_cells >= min_cells, "law too peaked for a meaningful test"
     assert result.p_value > alpha, result
+
+
+def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> float:  # noqa: ANN001
+    """Greedy ids equal the non-speculative server's (``baseline_greedy``) for ``PROMPTS`` in one
+    batched request and ``LONG_PROMPTS`` sent as separate requests at once; every request was
+    verified. Returns the mean ``spec_accept_length``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    params = {"temperature": 0, "max_new_tokens": 48}
+    out = server.generate({"text": PROMPTS, "sampling_params": params})
+    assert [o["output_ids"] for o in out] == baseline["short"]
+    with ThreadPoolExecutor(len(LONG_PROMPTS)) as pool:
+        single = list(
+            pool.map(
+                lambda p: server.generate({"text": p, "sampling_params": params}), LONG_PROMPTS
+            )
+        )
+    assert [o["output_ids"] for o in single] == baseline["long"]
+    meta = [o["meta_info"] for o in [*out, *single]]
+    assert all(m["spec_verify_ct"] > 0 for m in meta)
+    return sum(m["spec_accept_length"] for m in meta) / len(meta)

@@ -385,3 +385,26 @@ def test_none_without_model_path_names_the_default_target() -> None:
     flags = lib.server_flags("none", [])
     assert flags == ["--model-path", DEFAULT_TARGET]
     assert lib.server_flags("none", ["--model-path", "m"]) == ["--model-path", "m"]
+
+
+def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:  # noqa: ANN001
+    import os
+
+    line = (
+        "[2026-11-23 10:00:00] MINEDRAFT: steps=200 parallel_steps=190 coverage=0.950"
+        " mean_accept_length=2.300 draft_ms=55.00 verify_ms=350.00 overlap_ms=54.00"
+        " wait_ms=0.50 overlap_bound=1.157 undrafted=3 faults=1 restarts=1 balance=0"
+    )
+    metrics = lib.parse_server_metrics(line)
+    assert metrics["coverage"] == 0.95 and metrics["overlap_bound"] == 1.157
+    assert metrics["server_accept_length"] == 2.3 and metrics["draft_server_faults"] == 1
+    flags = lib.server_flags("minedraft", ["--model-path", "m"])
+    assert flags[flags.index("--speculative-draft-device") + 1] == "cpu:1"
+    mine = lib.server_flags("minedraft", ["--model-path", "m", "--speculative-draft-device", "cpu"])
+    assert mine.count("--speculative-draft-device") == 1
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    with lib.algorithm_env("standalone-1core"):
+        assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "0"
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ
+    with lib.algorithm_env("none"):
+        assert "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ

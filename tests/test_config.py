@@ -127,3 +127,53 @@ def test_argv_helpers_follow_argparse_last_wins() -> None:
     ]
     assert set_flag_value(argv, "--model-path", "b")[2] == "--model-path=b"
     assert set_flag_value([], "--x", "1") == ["--x", "1"]
+
+
+def test_minedraft_flags_are_validated() -> None:
+    cfg, rest = split_argv(
+        ["--speculative-draft-device", "cpu:1", "--minedraft-draft-timeout", "2.5", "--port", "1"]
+    )
+    assert (cfg.speculative_draft_device, cfg.minedraft_draft_timeout) == ("cpu:1", 2.5)
+    assert rest == ["--port", "1"]
+    for argv, flag in (
+        (["--speculative-draft-device", "gpu:1"], "--speculative-draft-device"),
+        (["--speculative-draft-device", "cpu:0"], "--speculative-draft-device"),
+        (["--minedraft-drafter", "eagle"], "--minedraft-drafter"),
+        (["--minedraft-policy", "random"], "--minedraft-policy"),
+        (["--minedraft-draft-timeout", "0"], "--minedraft-draft-timeout"),
+        (["--minedraft-draft-timeout", "soon"], "--minedraft-draft-timeout"),
+    ):
+        with pytest.raises(ConfigError, match=flag):
+            split_argv(argv)
+
+
+def test_minedraft_defaults_and_launch_checks() -> None:
+    from sgl_spec.minedraft.algorithm import check_launch_args
+    from sgl_spec.model_defaults import flag_value, prepare_model_args
+    from sgl_spec.models.registry import resolve_model_path
+
+    argv = prepare_model_args(["--speculative-algorithm", "MINEDRAFT"])
+    assert flag_value(argv, "--speculative-draft-model-path") == resolve_model_path(
+        "sgl-spec/tiny-code-draft"
+    )
+    assert flag_value(argv, "--speculative-num-steps") == "3"
+    cpu = [*argv, "--device", "cpu"]
+    check_launch_args(SpecConfig(), cpu)  # the draft server defaults to cpu:1
+    user = prepare_model_args(
+        ["--speculative-algorithm", "MINEDRAFT", "--speculative-num-steps", "5"]
+    )
+    assert flag_value(user, "--speculative-num-steps") == "5"
+    for config, extra, message in (
+        (SpecConfig(speculative_draft_device="cuda:1"), [], "the target runs on cpu"),
+        (SpecConfig(minedraft_drafter="specblock"), [], "--minedraft-drafter specblock"),
+        (SpecConfig(), ["--speculative-eagle-topk", "2"], "topk 1"),
+        (SpecConfig(), ["--speculative-num-draft-tokens", "6"], "must be"),
+        (SpecConfig(speculative_draft_device="cpu:64"), [], "cores"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            check_launch_args(config, [*cpu, *extra])
+    with pytest.raises(ConfigError, match="--speculative-draft-model-path"):
+        check_launch_args(SpecConfig(), ["--model-path", "/m", "--device", "cpu",
+                                         "--speculative-algorithm", "MINEDRAFT"])  # fmt: skip
+    with pytest.raises(ConfigError, match="needs --speculative-algorithm MINEDRAFT"):
+        check_launch_args(SpecConfig(speculative_draft_device="cpu:1"), ["--device", "cpu"])

@@ -44,16 +44,36 @@ def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
     assert resp.status_code == 200, resp.text
 
 
-def test_specblock_needs_no_other_flag(default_server, tmp_path) -> None:  # noqa: ANN001
-    """`--speculative-algorithm SPECBLOCK` alone: the shipped target and the shipped SpecBlock
-    drafter, whose drafts are accepted; greedy output equals the (lossless) default server's."""
+@pytest.fixture(scope="module")
+def reference(default_server) -> dict:  # noqa: ANN001
+    """The default server's greedy continuation of the held-out prompt; the server is then
+    stopped (one server at a time on a small host)."""
     params = {"temperature": 0, "max_new_tokens": 64}
-    reference = default_server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
-    default_server.stop()  # one server at a time on a small host
-    server = Server(["--speculative-algorithm", "SPECBLOCK"], tmp_path / "specblock.log")
+    out = default_server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
+    default_server.stop()
+    return out
+
+
+def _only_algorithm_flag(algorithm: str, log_path) -> dict:  # noqa: ANN001
+    server = Server(["--speculative-algorithm", algorithm], log_path)
     try:
-        out = server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
+        params = {"temperature": 0, "max_new_tokens": 64}
+        return server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
     finally:
         server.stop()
+
+
+def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+    """`--speculative-algorithm SPECBLOCK` alone: the shipped target and the shipped SpecBlock
+    drafter, whose drafts are accepted; greedy output equals the (lossless) default server's."""
+    out = _only_algorithm_flag("SPECBLOCK", tmp_path / "specblock.log")
+    assert out["output_ids"] == reference["output_ids"]
+    assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
+
+
+def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+    """`--speculative-algorithm MINEDRAFT` alone: the shipped draft model in a draft server on
+    its own core (cpu:1); greedy output equals the default server's, drafts are accepted."""
+    out = _only_algorithm_flag("MINEDRAFT", tmp_path / "minedraft.log")
     assert out["output_ids"] == reference["output_ids"]
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]

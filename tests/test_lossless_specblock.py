@@ -19,10 +19,14 @@ depend on the drafter's quality.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-from lossless import LONG_PROMPTS, PROMPTS, assert_speculative_sampling_law, joint_law
+from lossless import (
+    LONG_PROMPTS,
+    PROMPTS,
+    assert_greedy_under_concurrent_load,
+    assert_speculative_sampling_law,
+    joint_law,
+)
 from server_utils import Server, ServerPool
 from tiny_models import train_specblock_drafter
 
@@ -70,19 +74,7 @@ def servers(tiny_models, drafter, tmp_path_factory):  # noqa: ANN001, ANN201
 
 def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:  # noqa: ANN001
     server = servers("specblock")
-    params = {"temperature": 0, "max_new_tokens": 48}
-    out = server.generate({"text": PROMPTS, "sampling_params": params})
-    assert [o["output_ids"] for o in out] == baseline_greedy["short"]
-    with ThreadPoolExecutor(len(LONG_PROMPTS)) as pool:
-        single = list(
-            pool.map(
-                lambda p: server.generate({"text": p, "sampling_params": params}), LONG_PROMPTS
-            )
-        )
-    assert [o["output_ids"] for o in single] == baseline_greedy["long"]
-    meta = [o["meta_info"] for o in [*out, *single]]
-    assert all(m["spec_verify_ct"] > 0 for m in meta)
-    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
+    accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
     assert accept > 1.2, f"trained drafter's trees are rarely accepted: {accept}"
 
 

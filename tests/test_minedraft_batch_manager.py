@@ -270,3 +270,38 @@ def test_random_sequences_drift_under_paper_policy() -> None:
     worst = [max(after for _, _, after in run_random("paper", s, budget=None)) for s in range(40)]
     assert max(worst) >= 8  # measured: 20 at worst, every seed drifts past 1
     assert sum(w > 1 for w in worst) >= 30
+
+
+def test_abort_third_of_one_batch_rebalances_without_new_requests() -> None:
+    """Appendix A with no refill: the worker's per-call ``rebalance`` moves requests from the
+    larger batch, so the sizes differ by at most one again and no step falls back."""
+    bm = BatchManager("balanced")
+    for i in range(12):
+        bm.assign(f"r{i}")
+    plan = bm.plan_step()
+    bm.alternate(plan)
+    victims = bm.target_batch()[:2]  # a third of one batch
+    for rid in victims:
+        bm.recycle(rid)
+    assert abs(bm.balance) == 2
+    moved = bm.rebalance()
+    check_invariants(bm)
+    assert len(moved) == 1 and abs(bm.balance) == 0
+    assert bm.size(0) == bm.size(1) == 5
+    assert bm.stats.num_moved == 1
+    # A whole batch gone: the other one is split, so the next step runs in parallel.
+    for rid in bm.target_batch():
+        bm.recycle(rid)
+    assert bm.is_fallback()
+    bm.rebalance()
+    check_invariants(bm)
+    assert not bm.is_fallback() and bm.plan_step().parallel
+
+
+def test_paper_policy_never_moves() -> None:
+    bm = BatchManager("paper")
+    for i in range(6):
+        bm.assign(f"r{i}")
+    for rid in bm.target_batch():
+        bm.recycle(rid)
+    assert bm.rebalance() == [] and bm.is_fallback()

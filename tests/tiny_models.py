@@ -109,6 +109,19 @@ def perturbed_copy(src_dir: Path, out_dir: Path, *, seed: int, noise: float) -> 
     return out_dir
 
 
+def constant_draft(src_dir: Path, out_dir: Path) -> Path:
+    """A draft whose greedy drafts are always token 0 (final norm zeroed: all logits equal),
+    so every algorithm drafting with it advances each request by the same tokens per step."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(src_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    _save(model, out_dir, src_dir)
+    return out_dir
+
+
 def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:  # noqa: ANN001
     import shutil
 

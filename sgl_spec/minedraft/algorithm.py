@@ -131,6 +131,47 @@ class MineDraftSpecAlgo(OwnDraftStateSpecAlgo):
             server_args.disable_cuda_graph = True
 
 
+def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
+    """In the launcher, before SGLang starts: refuse bad MINEDRAFT settings with one message
+    (``ConfigError``) naming the flag."""
+    from types import SimpleNamespace
+
+    from sgl_spec.argv import flag_value
+    from sgl_spec.config import ConfigError
+
+    if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
+        if config.speculative_draft_device is not None:
+            raise ConfigError("--speculative-draft-device needs --speculative-algorithm MINEDRAFT")
+        return
+    device = flag_value(argv, "--device")
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    steps = flag_value(argv, "--speculative-num-steps")
+    running = flag_value(argv, "--max-running-requests")
+    args = SimpleNamespace(
+        speculative_draft_model_path=flag_value(argv, "--speculative-draft-model-path"),
+        device=device,
+        base_gpu_id=int(flag_value(argv, "--base-gpu-id") or 0),
+        speculative_num_steps=int(steps) if steps and steps.isdigit() else None,
+        max_running_requests=int(running) if running and running.isdigit() else None,
+    )
+    try:
+        settings = load_settings(config, args)
+        topk = flag_value(argv, "--speculative-eagle-topk")
+        if topk not in (None, "1"):
+            raise ValueError(f"MINEDRAFT drafts chains: --speculative-eagle-topk 1, not {topk}")
+        tokens = flag_value(argv, "--speculative-num-draft-tokens")
+        if tokens is not None and tokens != str(settings.width):
+            raise ValueError(
+                f"MINEDRAFT: --speculative-num-draft-tokens must be --speculative-num-steps + 1"
+                f" = {settings.width} for a chain, got {tokens}"
+            )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 

@@ -79,6 +79,7 @@ class DraftServerClient:
         handshake_timeout_s: float = 300.0,
         shutdown_grace_s: float = 5.0,
         log_path: str | Path | None = None,
+        cpu_affinity: list[int] | None = None,
     ) -> None:
         self.hello = hello
         self.instance_id = instance_id
@@ -99,6 +100,9 @@ class DraftServerClient:
         self._fatal: str | None = None
         self._errors: list[ErrorReport] = []
         self.num_stale = 0  # DraftResults discarded by collect(step_id=...)
+        # Cores the process starts on (a ``cpu:N`` server takes the last N of them); default:
+        # this process's affinity at spawn time.
+        self.cpu_affinity = None if cpu_affinity is None else sorted(cpu_affinity)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -126,7 +130,13 @@ class DraftServerClient:
         if self.hello.device.startswith("cpu"):
             env["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, before Hello
         self._log = open(self.log_path, "w")  # noqa: SIM115  (closed in close())
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=self._spawn_affinity(),  # noqa: PLW1509  (runs in the child only)
+        )
         self._outbox.send(self.hello)
         try:
             self.ready = self._handshake()
@@ -135,6 +145,12 @@ class DraftServerClient:
             raise
         self.generation += 1
         return self.ready
+
+    def _spawn_affinity(self):  # noqa: ANN202
+        cores = self.cpu_affinity
+        if not cores or not hasattr(os, "sched_setaffinity"):
+            return None
+        return lambda: os.sched_setaffinity(0, cores)
 
     def _handshake(self) -> Ready:
         deadline = time.monotonic() + self.handshake_timeout_s

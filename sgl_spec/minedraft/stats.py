@@ -1,7 +1,8 @@
-"""MINEDRAFT serving metrics (issue item 7), logged by the worker every ``LOG_EVERY`` phases.
+"""MINEDRAFT serving metrics (issue item 7), logged by the worker.
 
 A *phase* is one MineDraft SD step (paper §5.2): the target verifies one batch while the draft
-server drafts the other, up to the sync point. Per phase we record
+server drafts the other, up to the sync point. The worker logs ``summary()`` every
+``--decode-log-interval`` phases. Per phase we record
 
 - ``verify_s``: the target's verify forward (packing included), on the scheduler's device;
 - ``draft_s``: the draft server's own drafting time for the other batch (``DraftResult``);
@@ -74,7 +75,8 @@ class MineDraftStats:
     def summary(self, faults: int, restarts: int, balance: int) -> str:
         n = max(self.phases, 1)
         return (
-            f"MINEDRAFT: steps={self.phases} coverage={self.coverage:.3f}"
+            f"MINEDRAFT: steps={self.phases} parallel_steps={self.parallel_phases}"
+            f" coverage={self.coverage:.3f}"
             f" mean_accept_length={self.accept_length:.3f}"
             f" draft_ms={1e3 * self.draft_s / n:.2f} verify_ms={1e3 * self.verify_s / n:.2f}"
             f" overlap_ms={1e3 * self.overlap_s / n:.2f} wait_ms={1e3 * self.wait_s / n:.2f}"

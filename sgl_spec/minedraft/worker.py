@@ -53,7 +53,6 @@ from sgl_spec.specblock.packing import pack_trees
 from sgl_spec.specblock.tree import DraftTree
 
 logger = logging.getLogger(__name__)
-LOG_EVERY = 100  # phases between metrics lines
 _TREE_VERIFY_TOPK = 2  # selects run_eagle_verify's path compaction (identity for chains)
 
 
@@ -80,6 +79,8 @@ class MineDraftWorker(BaseSpecWorker):
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self._drafts: dict[str, tuple[int, np.ndarray]] = {}  # rid -> (seq len, draft ids)
         self._step = 0  # draft requests sent (ids for the draft server)
+        # Metrics line every --decode-log-interval phases (SGLang's decode log cadence).
+        self.log_every = max(1, int(getattr(server_args, "decode_log_interval", 40) or 40))
         hello = Hello(
             draft_model_path=self.settings.draft_model_path,
             device=self.settings.device,
@@ -89,7 +90,11 @@ class MineDraftWorker(BaseSpecWorker):
             max_batch_size=self.settings.max_batch_size,
             seed=int(server_args.random_seed or 0),
         )
-        client = DraftServerClient(hello, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        # The draft server picks its cores from the affinity it inherits: the full set.
+        affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        client = DraftServerClient(
+            hello, f"{os.getpid()}-{uuid.uuid4().hex[:8]}", cpu_affinity=affinity
+        )
         self.link = DraftLink(client, self.settings.draft_timeout_s)
         self._leave_draft_cores()
         self.link.start()
@@ -194,7 +199,7 @@ class MineDraftWorker(BaseSpecWorker):
             or batch.has_grammar
             or (penalizer is not None and penalizer.is_required)
             or info.has_custom_logit_processor
-            or getattr(info, "return_sampling_masks", None) is not None
+            or any(getattr(info, "return_sampling_masks", None) or ())
         )
 
     def _phase(self, batch, plan: StepPlan, target_rows, draft_rows, extra, parallel: bool):  # noqa: ANN001, ANN202
@@ -230,7 +235,7 @@ class MineDraftWorker(BaseSpecWorker):
             wait_s=wait_s,
         )
         self.manager.alternate(plan)
-        if self.stats.phases % LOG_EVERY == 0:
+        if self.stats.phases % self.log_every == 0:
             logger.info(
                 self.stats.summary(
                     self.link.num_faults, self.link.num_restarts, self.manager.balance
@@ -358,8 +363,19 @@ def _sub_batch(batch, rows: list[int]):  # noqa: ANN001, ANN202
     sampling info is copied before SGLang's in-place filter; ``_can_split`` keeps rows with
     penalizer state, which that filter would mutate, out of split steps)."""
     sub = copy.copy(batch)
-    sub.sampling_info = copy.copy(batch.sampling_info)
     sub.spec_info = None
     if len(rows) != len(batch.reqs):
+        sub.sampling_info = copy.copy(batch.sampling_info)
+        sub.sampling_info.penalizer_orchestrator = _NoPenalties()
         sub.filter_batch(keep_indices=rows)
     return sub
+
+
+class _NoPenalties:
+    """Stands in for the penalizer orchestrator in a split step (none is required there,
+    ``_can_split``): SGLang's filter would otherwise mutate the shared one, or fail on None."""
+
+    is_required = False
+
+    def filter(self, keep_indices) -> None:  # noqa: ANN001
+        return None

@@ -1,0 +1,140 @@
+"""The scheduler's supervised link to the draft server (``sgl_spec/minedraft/link.py``) with a
+fake client: what travels (only new tokens; the whole sequence for new or re-sent requests),
+and that every fault -- exit, hang, malformed output, unknown request -- yields no drafts,
+restarts the server in the background and re-sends every request afterwards."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from sgl_spec.messages import DraftOutput, DraftResult, ErrorReport
+from sgl_spec.minedraft import link as link_module
+from sgl_spec.minedraft.client import DraftServerError
+from sgl_spec.minedraft.link import DraftJob, DraftLink
+
+
+class FakeClient:
+    """Drafts ``seq_len + k`` for k = 1..3 for each entry; failure modes are switched on."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.pid = 100
+        self.sent = []
+        self.fail_submit = False
+        self.hang = False
+        self.garbage = False
+        self.stranger = False
+        self.errors: list[ErrorReport] = []
+        self.restart_failures = 0
+
+    def start(self) -> None:
+        self.generation += 1
+
+    def restart(self) -> None:
+        if self.restart_failures:
+            self.restart_failures -= 1
+            raise DraftServerError("boom")
+        self.pid += 1
+        self.start()
+
+    def close(self) -> None:
+        pass
+
+    def submit(self, request) -> None:  # noqa: ANN001
+        if self.fail_submit:
+            raise DraftServerError("exited with code -9")
+        self.sent.append(request)
+
+    def collect(self, timeout_s: float, step_id: int | None = None):  # noqa: ANN201
+        if self.hang:
+            return None
+        request = self.sent[-1]
+        outputs = []
+        for entry in request.entries:
+            ids = np.arange(entry.seq_len + 1, entry.seq_len + 4, dtype=np.int32)
+            if self.garbage:
+                ids = np.array([-5, 10**9], dtype=np.int32)
+            outputs.append(DraftOutput(entry.rid, ids))
+        if self.stranger:
+            outputs.append(DraftOutput("nobody", np.array([1], dtype=np.int32)))
+        return DraftResult(request.step_id, request.batch_id, tuple(outputs), 0.01)
+
+    def take_errors(self) -> list[ErrorReport]:
+        errors, self.errors = self.errors, []
+        return errors
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(link_module, "RESTART_BACKOFF_S", (0.01,))
+
+
+def wait_up(link: DraftLink) -> None:
+    deadline = time.monotonic() + 5
+    while not link.up and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert link.up
+
+
+def test_only_new_tokens_travel_and_drafts_are_keyed_by_length() -> None:
+    client = FakeClient()
+    link = DraftLink(client, timeout_s=1.0)
+    link.start()
+    assert link.submit(1, 0, [DraftJob("a", [5, 6, 7], 2)])
+    drafts, draft_s = link.collect(1)
+    assert drafts["a"][0] == 3 and drafts["a"][1].tolist() == [4, 5, 6] and draft_s == 0.01
+    entry = client.sent[-1].entries[0]
+    assert entry.is_new and entry.prompt_ids.tolist() == [5, 6, 7]
+    assert link.submit(2, 1, [DraftJob("a", [5, 6, 7, 8, 9], 2)])
+    entry = client.sent[-1].entries[0]
+    assert not entry.is_new and entry.appended_ids.tolist() == [8, 9] and entry.seq_len == 5
+    link.collect(2)
+    link.removed(["a", "never-sent"])
+    assert link.submit(3, 0, [DraftJob("b", [1], 1)])
+    assert client.sent[-1].removed_rids == ("a",)
+
+
+@pytest.mark.parametrize("mode", ["fail_submit", "hang", "stranger"])
+def test_fault_gives_no_drafts_then_restart_resends_everything(mode: str) -> None:
+    client = FakeClient()
+    client.restart_failures = 1  # the first restart attempt fails too; the link retries
+    link = DraftLink(client, timeout_s=0.01)
+    link.start()
+    link.submit(1, 0, [DraftJob("a", [1, 2], 1)])
+    link.collect(1)
+    setattr(client, mode, True)
+    ok = link.submit(2, 1, [DraftJob("a", [1, 2, 3], 1)])
+    assert link.collect(2) is None
+    assert link.num_faults == 1 and (mode == "fail_submit") == (not ok)
+    setattr(client, mode, False)
+    wait_up(link)
+    assert link.num_restarts == 1 and client.generation == 2
+    link.submit(3, 0, [DraftJob("a", [1, 2, 3, 4], 1)])
+    entry = client.sent[-1].entries[0]
+    assert entry.is_new and entry.prompt_ids.tolist() == [1, 2, 3, 4]  # re-sent whole
+    assert link.collect(3) is not None
+
+
+def test_malformed_drafts_are_a_fault() -> None:
+    client = FakeClient()
+    link = DraftLink(client, timeout_s=1.0)
+    link.start()
+    client.garbage = True
+    link.submit(1, 0, [DraftJob("a", [1, 2], 1)])
+    drafts, _ = link.collect(1)
+    assert not link.check_output(drafts, vocab_size=100, max_len=3)
+    assert link.num_faults == 1
+
+
+def test_dropped_request_is_resent_with_its_prompt() -> None:
+    client = FakeClient()
+    link = DraftLink(client, timeout_s=1.0)
+    link.start()
+    link.submit(1, 0, [DraftJob("a", [1, 2], 1)])
+    client.errors = [ErrorReport("seq_len mismatch", step_id=1, rids=("a",))]
+    link.collect(1)
+    link.submit(2, 1, [DraftJob("a", [1, 2, 3], 1)])
+    assert client.sent[-1].entries[0].is_new and link.num_faults == 0

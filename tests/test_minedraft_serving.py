@@ -1,0 +1,170 @@
+"""MINEDRAFT served end to end on the tiny models (draft server on its own core, ``cpu:1``).
+
+(a) greedy: MINEDRAFT returns the non-speculative server's token ids for prompts sent
+    concurrently (one batched request, and separate requests arriving together), and most
+    steps ran in parallel (both batches non-empty);
+(b) sampling: the joint law of completion tokens 1-3 at temperature 1 matches the target's exact
+    law (tokens 2 and 3 are verified against drafts; chi-square with a simulated null,
+    alpha = 1e-4, the method of ``test_lossless_standalone.py``);
+(c) faults: the draft server is SIGKILLed while 64 requests run with 16 in flight: all 64
+    complete, equal to the baseline; the server is restarted and parallel steps resume;
+(d) §5.3: the target's peak KV usage on a workload is no higher than STANDALONE's with the same
+    chain (SGLang's own ``#token`` count, logged every decode step). Both draft with a model
+    whose drafts are constant, so requests advance by the same tokens per step under either
+    algorithm and any difference in held KV is allocation, not acceptance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from lossless import (
+    LONG_PROMPTS,
+    PROMPTS,
+    assert_greedy_under_concurrent_load,
+    assert_speculative_sampling_law,
+    joint_law,
+)
+from server_utils import Server, ServerPool
+from tiny_models import constant_draft
+
+ALPHA = 1e-4
+NUM_SAMPLES = 6000
+TEMPERATURE = 1.0
+SAMPLING_PROMPT_IDS = [12, 40, 7, 99, 3]
+CHAIN = ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+GREEDY = {"temperature": 0, "max_new_tokens": 48}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
+    logs = tmp_path_factory.mktemp("minedraft_logs")
+    constant = constant_draft(tiny_models["target"], logs / "constant_draft")
+
+    def args(algorithm: str, draft) -> list[str]:  # noqa: ANN001
+        flags = [
+            "--model-path", str(tiny_models["target"]),
+            "--speculative-draft-model-path", str(draft),
+            *CHAIN,
+            "--speculative-algorithm", algorithm,
+            "--max-running-requests", "128",
+            "--log-level", "info",
+            "--decode-log-interval", "1",
+        ]  # fmt: skip
+        if algorithm == "MINEDRAFT":
+            return [*flags, "--speculative-draft-device", "cpu:1"]
+        return [*flags, "--speculative-eagle-topk", "1"]
+
+    pool = ServerPool(
+        {
+            "minedraft": args("MINEDRAFT", tiny_models["draft"]),
+            "minedraft_constant": args("MINEDRAFT", constant),
+            "standalone_constant": args("STANDALONE", constant),
+        },
+        logs,
+    )
+    yield pool
+    pool.close()
+
+
+def _metrics(server: Server) -> list[dict[str, float]]:
+    lines = [x for x in server.tail(20000).splitlines() if "MINEDRAFT: steps=" in x]
+    return [{k: float(v) for k, v in re.findall(r"(\w+)=([-\d.]+)", x)} for x in lines]
+
+
+def _peak_kv_tokens(server: Server, since: int) -> int:
+    text = server.log_path.read_text(errors="replace")[since:]
+    counts = [int(n) for n in re.findall(r"Decode batch.*?#token: (\d+)", text)]
+    assert counts, "no decode log lines"
+    return max(counts)
+
+
+def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:  # noqa: ANN001
+    server = servers("minedraft")
+    accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
+    assert accept > 1.2, f"drafts are rarely accepted: {accept}"
+    last = _metrics(server)[-1]
+    assert last["coverage"] > 0.5, last  # most steps drafted one batch while verifying the other
+    assert last["faults"] == 0, last
+
+
+def test_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
+    law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
+    assert_speculative_sampling_law(
+        servers("minedraft"),
+        SAMPLING_PROMPT_IDS,
+        law,
+        temperature=TEMPERATURE,
+        num_samples=NUM_SAMPLES,
+        alpha=ALPHA,
+        min_cells=10,
+    )
+
+
+def _draft_pid(server: Server) -> int:
+    found = re.findall(r"draft server (?:restarted \()?pid (\d+)", server.tail(20000))
+    assert found, server.tail()
+    return int(found[-1])
+
+
+def test_draft_server_killed_mid_run(servers, baseline_greedy) -> None:  # noqa: ANN001
+    server = servers("minedraft")
+    prompts = [*PROMPTS, *LONG_PROMPTS]
+    expected = [*baseline_greedy["short"], *baseline_greedy["long"]]
+    order = [i % len(prompts) for i in range(64)]
+    before = len(_metrics(server))
+    pid = _draft_pid(server)
+    with ThreadPoolExecutor(16) as pool:
+        futures = [
+            pool.submit(server.generate, {"text": prompts[i], "sampling_params": GREEDY})
+            for i in order
+        ]
+        deadline = time.monotonic() + 120
+        while len(_metrics(server)) < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.2)  # a few steps into the run
+        os.kill(pid, signal.SIGKILL)
+        outputs = [f.result() for f in futures]
+    assert [o["output_ids"] for o in outputs] == [expected[i] for i in order]
+    deadline = time.monotonic() + 300
+    while "draft server restarted" not in server.tail(20000) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert "draft server restarted" in server.tail(20000), server.tail()
+    assert _draft_pid(server) != pid
+    resumed_from = _metrics(server)[-1]
+    with ThreadPoolExecutor(8) as pool:
+        again = list(
+            pool.map(lambda p: server.generate({"text": p, "sampling_params": GREEDY}), PROMPTS)
+        )
+    assert [o["output_ids"] for o in again] == baseline_greedy["short"]
+    last = _metrics(server)[-1]
+    assert last["faults"] >= 1 and last["restarts"] >= 1, last
+    assert last["parallel_steps"] > resumed_from["parallel_steps"], (resumed_from, last)
+
+
+def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa: ANN001
+    server = servers("minedraft")
+    server.check_bad_request_keeps_serving()
+    last = _metrics(server)[-1]
+    for key in ("coverage", "mean_accept_length", "draft_ms", "verify_ms", "overlap_ms"):
+        assert key in last, last
+
+
+def _peak_on_workload(server: Server) -> tuple[int, list[list[int]]]:
+    since = len(server.log_path.read_text(errors="replace"))
+    params = {**GREEDY, "ignore_eos": True}
+    out = server.generate({"text": [*PROMPTS, *LONG_PROMPTS], "sampling_params": params})
+    return _peak_kv_tokens(server, since), [o["output_ids"] for o in out]
+
+
+def test_peak_kv_no_higher_than_standalone(servers) -> None:  # noqa: ANN001
+    """Runs last (two more server starts)."""
+    minedraft, minedraft_ids = _peak_on_workload(servers("minedraft_constant"))
+    assert _metrics(servers("minedraft_constant"))[-1]["coverage"] > 0.5
+    standalone, standalone_ids = _peak_on_workload(servers("standalone_constant"))
+    assert minedraft_ids == standalone_ids
+    assert minedraft <= standalone, (minedraft, standalone)

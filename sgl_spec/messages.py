@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Hello.max_total_tokens
 _MAGIC = b"MD"
 _HEADER = struct.Struct("<2sHB")  # magic, protocol version, type tag
 _EXT_INT32 = 1
@@ -74,11 +74,16 @@ class Hello:
     topk: int
     max_batch_size: int  # requests per batch (the paper's N); the server holds up to 2N
     seed: int = 0
+    # The target's KV budget in tokens (--max-total-tokens), 0 if SGLang sizes it from memory:
+    # the draft server never holds more verified tokens than the target, so this bounds its pool.
+    max_total_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "num_draft_tokens", "topk", "max_batch_size"):
             if getattr(self, name) < 1:
                 raise MessageError(f"Hello.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_total_tokens < 0:
+            raise MessageError(f"Hello.max_total_tokens must be >= 0, got {self.max_total_tokens}")
 
 
 @dataclass(frozen=True, eq=False)

@@ -178,6 +178,8 @@ def test_construction_checks_invariants() -> None:
         DraftRequest(1, 0, (DraftEntry("a", [], 1), DraftEntry("a", [], 1)))
     with pytest.raises(MessageError, match="num_steps"):
         Hello("d", "cpu", num_steps=0, num_draft_tokens=1, topk=1, max_batch_size=1)
+    with pytest.raises(MessageError, match="max_total_tokens"):
+        Hello("d", "cpu", 1, 2, 1, 1, max_total_tokens=-1)
     with pytest.raises(MessageError, match="not a message type"):
         encode(DraftEntry("a", [], 1))  # a part, not a message
 
@@ -254,3 +256,18 @@ def test_transport_between_two_threads() -> None:
     finally:
         to_server.close()
         from_server.close()
+
+
+def test_cpu_draft_kv_is_bounded_by_the_target_budget() -> None:
+    """On a CPU host the draft server's KV comes out of the RAM the target's pool is sized from:
+    with the target's --max-total-tokens known it holds that budget plus each request's draft
+    positions (both batches), never more than every request at full context."""
+    from sgl_spec.minedraft.draft_server import cpu_kv_tokens
+
+    hello = Hello("d", "cpu:1", num_steps=3, num_draft_tokens=4, topk=1, max_batch_size=128)
+    assert cpu_kv_tokens(hello, context_len=2048) == 256 * (2048 + 3)  # budget unknown
+    bounded = Hello("d", "cpu:1", 3, 4, 1, 128, max_total_tokens=16384)
+    assert cpu_kv_tokens(bounded, context_len=2048) == 16384 + 256 * 4
+    huge = Hello("d", "cpu:1", 3, 4, 1, 2, max_total_tokens=10**9)
+    assert cpu_kv_tokens(huge, context_len=100) == 4 * 103
+    assert decode(encode(bounded)).max_total_tokens == 16384

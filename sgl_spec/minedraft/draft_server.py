@@ -204,6 +204,18 @@ class DraftServer:
                 outbox.send(ErrorReport(message=f"unexpected {type(msg).__name__} while serving"))
 
 
+def cpu_kv_tokens(hello: Hello, context_len: int) -> int:
+    """Draft KV slots on a CPU host, where they come out of the RAM the target's KV pool is
+    sized from: every request at full context, or -- when the target's token budget is known
+    (``Hello.max_total_tokens``) -- that budget plus each request's draft positions, since the
+    draft server only ever holds the target's verified tokens and its own drafts."""
+    max_requests = 2 * hello.max_batch_size
+    full = max_requests * (context_len + hello.num_steps)
+    if hello.max_total_tokens <= 0:
+        return full
+    return min(full, hello.max_total_tokens + max_requests * (hello.num_steps + 1))
+
+
 def load(hello: Hello):  # noqa: ANN201  (DraftModel)
     """Place the process, then boot SGLang's ModelRunner for the draft model."""
     from sgl_spec.models.registry import resolve_model_path
@@ -224,10 +236,8 @@ def load(hello: Hello):  # noqa: ANN201  (DraftModel)
         model_path,
         spec.torch_device,
         max_requests=max_requests,
-        # CPU: sized for every request at full context; CUDA: SGLang sizes it from memory.
-        max_total_tokens=max_requests * (context_len + hello.num_steps)
-        if spec.kind == "cpu"
-        else None,
+        # CUDA: SGLang sizes the pool from the draft device's memory.
+        max_total_tokens=cpu_kv_tokens(hello, context_len) if spec.kind == "cpu" else None,
         seed=hello.seed,
     )
     return DraftModel(runner, num_steps=hello.num_steps, seed=hello.seed), description

@@ -89,6 +89,7 @@ class MineDraftWorker(BaseSpecWorker):
             topk=1,
             max_batch_size=self.settings.max_batch_size,
             seed=int(server_args.random_seed or 0),
+            max_total_tokens=int(server_args.max_total_tokens or 0),
         )
         # The draft server picks its cores from the affinity it inherits: the full set.
         affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None

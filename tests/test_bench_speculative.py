@@ -393,7 +393,7 @@ def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:  # noqa: 
     line = (
         "[2026-11-23 10:00:00] MINEDRAFT: steps=200 parallel_steps=190 coverage=0.950"
         " mean_accept_length=2.300 draft_ms=55.00 verify_ms=350.00 overlap_ms=54.00"
-        " wait_ms=0.50 overlap_bound=1.157 undrafted=3 faults=1 restarts=1 balance=0"
+        " wait_ms=0.50 overlap_bound=1.157 undrafted=3 faults=1 restarts=1 balance=0 moved=0"
     )
     metrics = lib.parse_server_metrics(line)
     assert metrics["coverage"] == 0.95 and metrics["overlap_bound"] == 1.157

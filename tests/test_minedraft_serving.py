@@ -146,6 +146,41 @@ def test_draft_server_killed_mid_run(servers, baseline_greedy) -> None:  # noqa:
     assert last["parallel_steps"] > resumed_from["parallel_steps"], (resumed_from, last)
 
 
+def test_abort_a_third_of_one_batch_rebalances(servers, baseline_greedy) -> None:  # noqa: ANN001
+    """12 requests admitted together are assigned alternately (the balanced policy: batch 0 on a
+    tie, then the smaller batch), so the even-numbered ones form batch 0. Two of them (a third
+    of that batch) are aborted mid-run: the batches are rebalanced (one request moves), and the
+    others still return the baseline's tokens."""
+    import requests
+
+    server = servers("minedraft")
+    prompts = [*PROMPTS, *LONG_PROMPTS[:4]]
+    expected = [*baseline_greedy["short"], *baseline_greedy["long"][:4]]
+    rids = [f"rebalance-{i}" for i in range(len(prompts))]
+    before = len(_metrics(server))
+    moved_before = _metrics(server)[-1]["moved"] if before else 0
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(
+            server.generate, {"text": prompts, "rid": rids, "sampling_params": GREEDY}
+        )
+        deadline = time.monotonic() + 120
+        while len(_metrics(server)) < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for rid in rids[0:4:2]:
+            resp = requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=30)
+            assert resp.status_code == 200, resp.text
+        outputs = future.result()
+    aborted = {0, 2}
+    for i, out in enumerate(outputs):
+        if i in aborted:
+            assert out["meta_info"]["finish_reason"]["type"] == "abort", out["meta_info"]
+        else:
+            assert out["output_ids"] == expected[i]
+    after = [m for m in _metrics(server)[before:] if m["moved"] > moved_before]
+    assert after, "no rebalance after the aborts"
+    assert all(abs(m["balance"]) <= 1 for m in after), after
+
+
 def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa: ANN001
     server = servers("minedraft")
     server.check_bad_request_keeps_serving()

@@ -169,6 +169,10 @@ class BatchManager:
         """One batch is empty while requests run: this step must be standard SD (§5.2)."""
         return bool(self._batch_of) and (self.size(0) == 0 or self.size(1) == 0)
 
+    def running(self) -> tuple[str, ...]:
+        """Every request with a batch id."""
+        return tuple(self._batch_of)
+
     def __len__(self) -> int:
         return len(self._batch_of)
 

@@ -72,7 +72,7 @@ class MineDraftStats:
         longest = max(self.parallel_draft_s, self.parallel_verify_s)
         return (self.parallel_draft_s + self.parallel_verify_s) / longest if longest else 1.0
 
-    def summary(self, faults: int, restarts: int, balance: int) -> str:
+    def summary(self, faults: int, restarts: int, balance: int, moved: int) -> str:
         n = max(self.phases, 1)
         return (
             f"MINEDRAFT: steps={self.phases} parallel_steps={self.parallel_phases}"
@@ -81,5 +81,5 @@ class MineDraftStats:
             f" draft_ms={1e3 * self.draft_s / n:.2f} verify_ms={1e3 * self.verify_s / n:.2f}"
             f" overlap_ms={1e3 * self.overlap_s / n:.2f} wait_ms={1e3 * self.wait_s / n:.2f}"
             f" overlap_bound={self.overlap_bound:.3f} undrafted={self.undrafted}"
-            f" faults={faults} restarts={restarts} balance={balance}"
+            f" faults={faults} restarts={restarts} balance={balance} moved={moved}"
         )

@@ -180,7 +180,7 @@ class MineDraftWorker(BaseSpecWorker):
     def _sync_membership(self, rids: list[str]) -> None:
         """Recycle the requests that left since the last call, assign the new ones (§5.1)."""
         current = set(rids)
-        gone = [rid for rid in list(self.manager._batch_of) if rid not in current]
+        gone = [rid for rid in self.manager.running() if rid not in current]
         for rid in gone:
             self.manager.recycle(rid)
             self._drafts.pop(rid, None)
@@ -239,7 +239,10 @@ class MineDraftWorker(BaseSpecWorker):
         if self.stats.phases % self.log_every == 0:
             logger.info(
                 self.stats.summary(
-                    self.link.num_faults, self.link.num_restarts, self.manager.balance
+                    self.link.num_faults,
+                    self.link.num_restarts,
+                    self.manager.balance,
+                    self.manager.stats.num_moved,
                 )
             )
         return _Phase(target_rows, result)

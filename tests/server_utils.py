@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import requests
@@ -74,3 +77,30 @@ class ServerPool:
         if self.server is not None:
             self.server.stop()
         self.server, self.name = None, None
+
+
+def start_bench_serving(
+    server: Server, tokenizer: Path, out_file: Path, num_prompts: int, concurrency: int, length: int
+) -> subprocess.Popen:
+    """``python -m sglang.bench_serving`` against ``server``, unchanged: the offline
+    ``random-ids`` dataset with a fixed seed (the same prompts on every server), greedy,
+    ``length`` input and output tokens, per-request details in ``out_file``."""
+    argv = [
+        sys.executable, "-m", "sglang.bench_serving",
+        "--backend", "sglang", "--host", "127.0.0.1", "--port", str(server.port),
+        "--dataset-name", "random-ids", "--tokenizer", str(tokenizer), "--seed", "1",
+        "--random-input-len", str(length), "--random-output-len", str(length),
+        "--random-range-ratio", "1.0", "--num-prompts", str(num_prompts),
+        "--max-concurrency", str(concurrency), "--disable-tqdm",
+        "--output-file", str(out_file), "--output-details",
+    ]  # fmt: skip
+    log = open(out_file.with_suffix(".log"), "w")  # noqa: SIM115 -- lives as long as the run
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish_bench_serving(proc: subprocess.Popen, out_file: Path, timeout: float = 900) -> dict:
+    """Wait for a ``start_bench_serving`` run; its result with per-request details."""
+    code = proc.wait(timeout)
+    log = out_file.with_suffix(".log").read_text(errors="replace")
+    assert code == 0, log[-4000:]
+    return json.loads(out_file.read_text().strip().splitlines()[-1])

@@ -6,8 +6,9 @@
 (b) sampling: the joint law of completion tokens 1-3 at temperature 1 matches the target's exact
     law (tokens 2 and 3 are verified against drafts; chi-square with a simulated null,
     alpha = 1e-4, the method of ``test_lossless_standalone.py``);
-(c) faults: the draft server is SIGKILLed while 64 requests run with 16 in flight: all 64
-    complete, equal to the baseline; the server is restarted and parallel steps resume;
+(c) faults: the draft server is SIGKILLed during an ``sglang.bench_serving`` run of 64 requests
+    (16 in flight): all 64 complete without error, with the non-speculative server's texts; the
+    draft server is restarted and parallel steps resume;
 (d) §5.3: the target's peak KV usage on a workload is no higher than STANDALONE's with the same
     chain (SGLang's own ``#token`` count, logged every decode step). Both draft with a model
     whose drafts are constant, so requests advance by the same tokens per step under either
@@ -19,8 +20,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from lossless import (
@@ -30,7 +33,7 @@ from lossless import (
     assert_speculative_sampling_law,
     joint_law,
 )
-from server_utils import Server, ServerPool
+from server_utils import Server, ServerPool, finish_bench_serving, start_bench_serving
 from tiny_models import constant_draft
 
 ALPHA = 1e-4
@@ -62,6 +65,7 @@ def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
 
     pool = ServerPool(
         {
+            "none": ["--model-path", str(tiny_models["target"])],
             "minedraft": args("MINEDRAFT", tiny_models["draft"]),
             "minedraft_constant": args("MINEDRAFT", constant),
             "standalone_constant": args("STANDALONE", constant),
@@ -112,24 +116,33 @@ def _draft_pid(server: Server) -> int:
     return int(found[-1])
 
 
-def test_draft_server_killed_mid_run(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_draft_server_killed_during_bench_serving(
+    servers, baseline_greedy, tiny_models, tmp_path
+) -> None:  # noqa: ANN001
+    """``sglang.bench_serving`` sends 64 greedy requests, 16 in flight; the draft server is
+    SIGKILLed a few steps in. All 64 complete without error and return the non-speculative
+    server's texts for the same prompts; the draft server is restarted and parallel steps
+    resume (then short prompts again equal the baseline's token ids)."""
+    tokenizer = tiny_models["target"]
+    expected = finish_bench_serving(
+        _bench(servers("none"), tokenizer, tmp_path / "none.jsonl"), tmp_path / "none.jsonl"
+    )
+    assert expected["completed"] == 64 and not any(expected["errors"]), expected["errors"]
+    assert all(expected["generated_texts"])  # something to compare
     server = servers("minedraft")
-    prompts = [*PROMPTS, *LONG_PROMPTS]
-    expected = [*baseline_greedy["short"], *baseline_greedy["long"]]
-    order = [i % len(prompts) for i in range(64)]
     before = len(_metrics(server))
     pid = _draft_pid(server)
-    with ThreadPoolExecutor(16) as pool:
-        futures = [
-            pool.submit(server.generate, {"text": prompts[i], "sampling_params": GREEDY})
-            for i in order
-        ]
-        deadline = time.monotonic() + 120
-        while len(_metrics(server)) < before + 5 and time.monotonic() < deadline:
-            time.sleep(0.2)  # a few steps into the run
-        os.kill(pid, signal.SIGKILL)
-        outputs = [f.result() for f in futures]
-    assert [o["output_ids"] for o in outputs] == [expected[i] for i in order]
+    out = tmp_path / "minedraft.jsonl"
+    proc = _bench(server, tokenizer, out)
+    deadline = time.monotonic() + 180
+    while len(_metrics(server)) < before + 5 and time.monotonic() < deadline:
+        time.sleep(0.1)  # a few steps into the run
+    assert proc.poll() is None, "bench_serving finished before the kill"
+    os.kill(pid, signal.SIGKILL)
+    result = finish_bench_serving(proc, out)
+    assert result["completed"] == 64, result["completed"]
+    assert not any(result["errors"]), result["errors"]
+    assert result["generated_texts"] == expected["generated_texts"]
     deadline = time.monotonic() + 300
     while "draft server restarted" not in server.tail(20000) and time.monotonic() < deadline:
         time.sleep(1)
@@ -144,6 +157,10 @@ def test_draft_server_killed_mid_run(servers, baseline_greedy) -> None:  # noqa:
     last = _metrics(server)[-1]
     assert last["faults"] >= 1 and last["restarts"] >= 1, last
     assert last["parallel_steps"] > resumed_from["parallel_steps"], (resumed_from, last)
+
+
+def _bench(server: Server, tokenizer: Path, out: Path) -> subprocess.Popen:
+    return start_bench_serving(server, tokenizer, out, num_prompts=64, concurrency=16, length=32)
 
 
 def test_abort_a_third_of_one_batch_rebalances(servers, baseline_greedy) -> None:  # noqa: ANN001

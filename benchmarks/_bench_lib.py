@@ -82,6 +82,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "MINEDRAFT"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
+    # the same, every step standard SD through the draft server: what the overlap gains
+    "minedraft-sequential": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-overlap", "off"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
     # STANDALONE held to one core (SGLang's CPU thread binding): with "minedraft" on a 2-core
     # host this is the paper's setting, the same target device plus one extra for drafting
     "standalone-1core": Algorithm(

@@ -42,6 +42,7 @@ class SpecConfig:
     minedraft_drafter: str = "model"  # --minedraft-drafter: model (a draft LM) or specblock
     minedraft_policy: str = "balanced"  # --minedraft-policy: batch assignment (§5.1 / App. A)
     minedraft_draft_timeout: float = 30.0  # --minedraft-draft-timeout: seconds per sync point
+    minedraft_overlap: str = "on"  # --minedraft-overlap: off = standard SD via the draft server
 
     def __post_init__(self) -> None:
         if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
@@ -76,6 +77,10 @@ class SpecConfig:
             raise ConfigError(
                 f"--minedraft-policy must be one of {', '.join(POLICIES)};"
                 f" got {self.minedraft_policy!r}"
+            )
+        if self.minedraft_overlap not in ("on", "off"):
+            raise ConfigError(
+                f"--minedraft-overlap must be 'on' or 'off'; got {self.minedraft_overlap!r}"
             )
         timeout = self.minedraft_draft_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
@@ -224,6 +229,14 @@ class SpecConfig:
             help="MINEDRAFT: seconds to wait for the draft server at a sync point before it is"
             " treated as hung, restarted, and the step decoded target-only (default 30).",
         )
+        group.add_argument(
+            "--minedraft-overlap",
+            dest="minedraft_overlap",
+            default="on",
+            help="MINEDRAFT: 'on' (default) drafts one batch while the target verifies the other;"
+            " 'off' runs every step as standard SD through the same draft server (draft, then"
+            " verify): the like-for-like baseline that measures what the overlap gains.",
+        )
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
@@ -246,6 +259,7 @@ class SpecConfig:
             minedraft_draft_timeout=_float_flag(
                 "--minedraft-draft-timeout", ns.minedraft_draft_timeout
             ),
+            minedraft_overlap=ns.minedraft_overlap,
         )
 
     def to_env(self) -> str:

@@ -402,6 +402,9 @@ def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:  # noqa: 
     assert flags[flags.index("--speculative-draft-device") + 1] == "cpu:1"
     mine = lib.server_flags("minedraft", ["--model-path", "m", "--speculative-draft-device", "cpu"])
     assert mine.count("--speculative-draft-device") == 1
+    sequential = lib.server_flags("minedraft-sequential", ["--model-path", "m"])
+    assert sequential[sequential.index("--minedraft-overlap") + 1] == "off"
+    assert sequential[sequential.index("--speculative-draft-device") + 1] == "cpu:1"
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     with lib.algorithm_env("standalone-1core"):
         assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "0"

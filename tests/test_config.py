@@ -134,6 +134,8 @@ def test_minedraft_flags_are_validated() -> None:
         ["--speculative-draft-device", "cpu:1", "--minedraft-draft-timeout", "2.5", "--port", "1"]
     )
     assert (cfg.speculative_draft_device, cfg.minedraft_draft_timeout) == ("cpu:1", 2.5)
+    assert cfg.minedraft_overlap == "on"
+    assert split_argv(["--minedraft-overlap", "off"])[0].minedraft_overlap == "off"
     assert rest == ["--port", "1"]
     for argv, flag in (
         (["--speculative-draft-device", "gpu:1"], "--speculative-draft-device"),
@@ -142,6 +144,7 @@ def test_minedraft_flags_are_validated() -> None:
         (["--minedraft-policy", "random"], "--minedraft-policy"),
         (["--minedraft-draft-timeout", "0"], "--minedraft-draft-timeout"),
         (["--minedraft-draft-timeout", "soon"], "--minedraft-draft-timeout"),
+        (["--minedraft-overlap", "maybe"], "--minedraft-overlap"),
     ):
         with pytest.raises(ConfigError, match=flag):
             split_argv(argv)

@@ -67,6 +67,11 @@ def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
         {
             "none": ["--model-path", str(tiny_models["target"])],
             "minedraft": args("MINEDRAFT", tiny_models["draft"]),
+            "minedraft_sequential": [
+                *args("MINEDRAFT", tiny_models["draft"]),
+                "--minedraft-overlap",
+                "off",
+            ],
             "minedraft_constant": args("MINEDRAFT", constant),
             "standalone_constant": args("STANDALONE", constant),
         },
@@ -204,6 +209,18 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
     last = _metrics(server)[-1]
     for key in ("coverage", "mean_accept_length", "draft_ms", "verify_ms", "overlap_ms"):
         assert key in last, last
+
+
+def test_overlap_off_is_standard_sd(servers, baseline_greedy) -> None:  # noqa: ANN001
+    """``--minedraft-overlap off`` (the benchmark's like-for-like baseline): every step drafts
+    and then verifies the whole batch through the same draft server; no step runs in parallel,
+    drafts are still accepted and greedy output is the baseline's."""
+    server = servers("minedraft_sequential")
+    accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
+    assert accept > 1.2, f"drafts are rarely accepted: {accept}"
+    last = _metrics(server)[-1]
+    assert last["parallel_steps"] == 0 and last["coverage"] == 0, last
+    assert last["steps"] > 0 and last["faults"] == 0, last
 
 
 def _peak_on_workload(server: Server) -> tuple[int, list[list[int]]]:

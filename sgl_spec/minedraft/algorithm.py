@@ -31,6 +31,7 @@ class MineDraftSettings:
     policy: str
     draft_timeout_s: float
     max_batch_size: int
+    overlap: bool = True  # False: every step is standard SD (--minedraft-overlap off)
 
     @property
     def width(self) -> int:
@@ -105,6 +106,7 @@ def load_settings(config: SpecConfig, server_args: Any) -> MineDraftSettings:
         policy=config.minedraft_policy,
         draft_timeout_s=float(config.minedraft_draft_timeout),
         max_batch_size=int(server_args.max_running_requests or DEFAULT_MAX_BATCH),
+        overlap=config.minedraft_overlap == "on",
     )
 
 

@@ -13,7 +13,7 @@ phase 1 of the next call. The target never holds KV for a batch it is not verify
 each request's verify slots are SGLang's ordinary one-verify-per-step reservation, so the KV
 footprint equals STANDALONE's on the same requests (``tests/test_minedraft_serving.py``).
 
-Fallback (§5.2): with one batch empty, or with requests whose outputs SGLang post-processes per
+Fallback (§5.2): with one batch empty (or ``--minedraft-overlap off``), or with requests whose outputs SGLang post-processes per
 batch row (logprobs, penalties, hidden states, custom logit processors, grammars, sampling
 masks), the call is one standard SD step: draft everything, then verify everything. Without a
 draft server (crashed, hung, restarting: ``link.py``) requests are verified without drafts,
@@ -166,7 +166,7 @@ class MineDraftWorker(BaseSpecWorker):
         extra: dict[str, list[int]] = {}  # tokens verified earlier in this call
         phases: list[_Phase] = []
         plan = self.manager.plan_step()
-        if plan.parallel and self._can_split(batch):
+        if plan.parallel and self.settings.overlap and self._can_split(batch):
             for _ in range(2):
                 plan = self.manager.plan_step()
                 draft_rows = [row_of[r] for r in plan.draft_rids]

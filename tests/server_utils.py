@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import requests
 
@@ -82,18 +83,17 @@ class ServerPool:
 def start_bench_serving(
     server: Server, tokenizer: Path, out_file: Path, num_prompts: int, concurrency: int, length: int
 ) -> subprocess.Popen:
-    """``python -m sglang.bench_serving`` against ``server``, unchanged: the offline
-    ``random-ids`` dataset with a fixed seed (the same prompts on every server), greedy,
-    ``length`` input and output tokens, per-request details in ``out_file``."""
-    argv = [
-        sys.executable, "-m", "sglang.bench_serving",
-        "--backend", "sglang", "--host", "127.0.0.1", "--port", str(server.port),
-        "--dataset-name", "random-ids", "--tokenizer", str(tokenizer), "--seed", "1",
-        "--random-input-len", str(length), "--random-output-len", str(length),
-        "--random-range-ratio", "1.0", "--num-prompts", str(num_prompts),
-        "--max-concurrency", str(concurrency), "--disable-tqdm",
-        "--output-file", str(out_file), "--output-details",
-    ]  # fmt: skip
+    """``python -m sglang.bench_serving`` against ``server``, unchanged, as the benchmark runs it
+    (``benchmarks/_bench_lib.py``: offline ``random-ids``, fixed seed, so the same prompts on
+    every server; greedy), ``length`` input and output tokens, per-request details in
+    ``out_file``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from _bench_lib import bench_serving_argv
+
+    load = SimpleNamespace(
+        input_len=length, output_len=length, num_prompts=num_prompts, max_concurrency=concurrency
+    )
+    argv = [*bench_serving_argv(server.port, load, str(tokenizer), out_file), "--output-details"]
     log = open(out_file.with_suffix(".log"), "w")  # noqa: SIM115 -- lives as long as the run
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 

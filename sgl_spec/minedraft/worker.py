@@ -13,9 +13,10 @@ phase 1 of the next call. The target never holds KV for a batch it is not verify
 each request's verify slots are SGLang's ordinary one-verify-per-step reservation, so the KV
 footprint equals STANDALONE's on the same requests (``tests/test_minedraft_serving.py``).
 
-Fallback (§5.2): with one batch empty (or ``--minedraft-overlap off``), or with requests whose outputs SGLang post-processes per
-batch row (logprobs, penalties, hidden states, custom logit processors, grammars, sampling
-masks), the call is one standard SD step: draft everything, then verify everything. Without a
+Fallback (§5.2): with one batch empty (or ``--minedraft-overlap off``), or with requests whose
+outputs SGLang post-processes per batch row (logprobs, penalties, hidden states, custom logit
+processors, grammars, sampling masks), the call is one standard SD step: draft everything, then
+verify everything. Without a
 draft server (crashed, hung, restarting: ``link.py``) requests are verified without drafts,
 i.e. decoded target-only, and stay lossless. Verification is SGLang's tree verify on chain
 trees: greedy takes the longest matching prefix, sampling is target-only rejection sampling,

@@ -16,11 +16,11 @@ footprint equals STANDALONE's on the same requests (``tests/test_minedraft_servi
 Fallback (§5.2): with one batch empty (or ``--minedraft-overlap off``), or with requests whose
 outputs SGLang post-processes per batch row (logprobs, penalties, hidden states, custom logit
 processors, grammars, sampling masks), the call is one standard SD step: draft everything, then
-verify everything. Without a
-draft server (crashed, hung, restarting: ``link.py``) requests are verified without drafts,
-i.e. decoded target-only, and stay lossless. Verification is SGLang's tree verify on chain
-trees: greedy takes the longest matching prefix, sampling is target-only rejection sampling,
-whose output law is the target's whatever the drafts (greedy drafts are sent).
+verify everything. Without a draft server (crashed, hung, restarting: ``link.py``) requests are
+verified without drafts, i.e. decoded target-only, and stay lossless. Verification is SGLang's
+tree verify on chain trees: greedy takes the longest matching prefix, sampling is target-only
+rejection sampling, whose output law is the target's whatever the drafts (greedy drafts are
+sent).
 """
 
 from __future__ import annotations

@@ -64,6 +64,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "mtp_lora_auto": Algorithm(
         ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "auto"), own_speculative_flags=True
     ),
+    # the adapter loaded and every step plain (k = 0): the floor `mtp_lora_auto` can reach
+    # when its controller keeps speculation off
+    "mtp_lora_off": Algorithm(
+        ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "0"), own_speculative_flags=True
+    ),
     # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks
     "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
     # the same drafter trained with K = 1 at the same tree budget: depth M * K = 8, 32 nodes

@@ -163,6 +163,8 @@ class MtpLoraWorker(BaseSpecWorker):
         state: MtpDraftInput = batch.spec_info
         bs = len(batch.reqs)
         k = self._choose_k(batch)
+        if k == 0:
+            return self._forward_plain(batch, state, tic)
         lay, offsets, mask_index, group_slots = self._layout(k)
         width = lay.width
         seq_lens = batch.seq_lens.to(torch.int64)  # committed KV length; the bonus sits here
@@ -173,17 +175,10 @@ class MtpLoraWorker(BaseSpecWorker):
         slots = seq_lens[:, None] + torch.arange(width, device=self.device)[None, :]
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], slots]
-        if k == 0:  # speculation off: SGLang's plain decode forward of the bonus token
-            forward_batch = self._make_decode_batch(
-                batch, input_ids, positions[:, 0], out_cache_loc[:, 0].to(torch.int64)
-            )
-        else:
-            custom_mask = mtp_layout_mod.tree_mask(
-                lay, bs, int(self._mask_mode()), seq_lens=seq_lens
-            )
-            forward_batch = self._make_forward_batch(
-                batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
-            )
+        custom_mask = mtp_layout_mod.tree_mask(lay, bs, int(self._mask_mode()), seq_lens=seq_lens)
+        forward_batch = self._make_forward_batch(
+            batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
+        )
         with self.lora.gates(width, k + 1, mask_index):
             out = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True
@@ -220,6 +215,54 @@ class MtpLoraWorker(BaseSpecWorker):
             ),
             speculative_num_draft_tokens=k + 1,
             speculative_output_stride=k + 1,
+            num_non_draft_tokens_per_req=1,
+            new_seq_lens=new_seq_lens,
+            can_run_cuda_graph=out.can_run_cuda_graph,
+        )
+
+    def _forward_plain(self, batch, state: MtpDraftInput, tic: float) -> GenerationBatchResult:  # noqa: ANN001
+        """k = 0 (speculation off): SGLang's plain decode forward of the bonus token and as
+        little as possible around it -- the step the controller falls back to must cost what
+        a non-speculative step costs. No gated rows, so the LoRA wrappers pass through."""
+        bs = len(batch.reqs)
+        bonus = state.bonus_tokens.to(torch.int64)
+        seq_lens = batch.seq_lens.to(torch.int64)  # the bonus token's position and KV slot
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64), seq_lens]
+        forward_batch = self._make_decode_batch(batch, bonus, seq_lens, out_cache_loc.long())
+        out = self._target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True
+        )
+        logits_output = out.logits_output
+        info = batch.sampling_info
+        no_drafts = bonus.new_zeros((bs, 0))
+        if info.is_all_greedy and info.acc_additive_penalties is None and info.logit_bias is None:
+            tokens = torch.argmax(logits_output.next_token_logits, dim=-1)
+        else:  # the general path: penalties and sampling exactly as in a drafted step
+            logits = logits_output.next_token_logits.view(bs, 1, -1).clone()
+            tokens = self._verify(batch, no_drafts, bonus, logits).bonus
+            logits_output.next_token_logits = logits.view(bs, -1)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, tokens, chain_stride=1)
+        tokens.tolist()  # host sync: the step's work is done before it is timed
+        elapsed = time.perf_counter() - tic
+        accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
+        new_seq_lens = batch.seq_lens + 1
+        self._observe(0, [0] * bs, state.num_real, elapsed)
+        if self._trace is not None:
+            self._trace.write(f"{tic:.6f} 0 {bs} {elapsed * 1000:.2f} {self.stats.last_decision}\n")
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=tokens.to(torch.int32),
+            accept_lens=accept_lens,
+            next_draft_input=MtpDraftInput(
+                bonus_tokens=tokens,
+                drafts=no_drafts,
+                new_seq_lens=new_seq_lens,
+                num_real=torch.zeros_like(tokens),
+            ),
+            speculative_num_draft_tokens=1,
+            speculative_output_stride=1,
             num_non_draft_tokens_per_req=1,
             new_seq_lens=new_seq_lens,
             can_run_cuda_graph=out.can_run_cuda_graph,

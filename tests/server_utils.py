@@ -87,7 +87,9 @@ def start_bench_serving(
     (``benchmarks/_bench_lib.py``: offline ``random-ids``, fixed seed, so the same prompts on
     every server; greedy), ``length`` input and output tokens, per-request details in
     ``out_file``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)
     from _bench_lib import bench_serving_argv
 
     load = SimpleNamespace(

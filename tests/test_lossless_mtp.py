@@ -5,11 +5,13 @@ the sampling test to exercise the acceptance branch, and an adapter only predict
 target it was trained on (one trained for a random tiny model agrees with it ~3% of the time).
 
 (a) greedy: MTP_LORA returns the non-speculative server's token ids for prompts sent
-    concurrently, with k = 3 drafts per step and with k = 0 (speculation off, same code path);
+    concurrently, with k = 3 drafts per step and with k = 0 (speculation off: the worker's
+    plain decode step, which the controller falls back to);
 (b) sampling: the joint law of completion tokens 1-3 at temperature 0.7 matches the target's
-    exact law, with k = 3 and with k = 0 (the plain step the controller falls back to). Token 3 is the first token verified against real mask drafts (the first decode
-    step after prefill has none yet), so a wrong acceptance rule shows there. Pearson chi-square
-    with a simulated null, alpha = 1e-4 (false-positive rate 0.01% per run).
+    exact law, with k = 3 and with k = 0. Token 3 is the first token verified against real mask
+    drafts (the first decode step after prefill has none yet), so a wrong acceptance rule shows
+    there. Pearson chi-square with a simulated null, alpha = 1e-4 (false-positive rate 0.01% per
+    run).
 """
 
 from __future__ import annotations

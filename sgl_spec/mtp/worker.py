@@ -195,14 +195,9 @@ class MtpLoraWorker(BaseSpecWorker):
                 batch, logits_output, result.tokens.reshape(-1), chain_stride=k + 1
             )
         num_accepted = result.num_accepted.tolist()  # host sync: the step's work is done
-        elapsed = time.perf_counter() - tic
+        self._end_step(tic, k, num_accepted, state.num_real)
         accept_lens = (result.num_accepted + 1).to(torch.int32)
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
-        self._observe(k, num_accepted, state.num_real, elapsed)
-        if self._trace is not None:
-            self._trace.write(
-                f"{tic:.6f} {k} {bs} {elapsed * 1000:.2f} {self.stats.last_decision}\n"
-            )
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=result.tokens.to(torch.int32).reshape(-1),
@@ -245,12 +240,9 @@ class MtpLoraWorker(BaseSpecWorker):
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, tokens, chain_stride=1)
         tokens.tolist()  # host sync: the step's work is done before it is timed
-        elapsed = time.perf_counter() - tic
+        self._end_step(tic, 0, [0] * bs, state.num_real)
         accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
         new_seq_lens = batch.seq_lens + 1
-        self._observe(0, [0] * bs, state.num_real, elapsed)
-        if self._trace is not None:
-            self._trace.write(f"{tic:.6f} 0 {bs} {elapsed * 1000:.2f} {self.stats.last_decision}\n")
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.to(torch.int32),
@@ -383,12 +375,27 @@ class MtpLoraWorker(BaseSpecWorker):
         num_accepted: torch.Tensor,  # [bs]
         k: int,
     ) -> torch.Tensor:
-        """Greedy drafts from the masks after the last accepted anchor: [bs, k]."""
-        if k == 0:
-            return torch.zeros((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+        """Greedy drafts from the masks after the last accepted anchor: [bs, k] (k >= 1)."""
         slots = group_slots[num_accepted]  # [bs, k]
         chosen = logits.gather(1, slots[:, :, None].expand(-1, -1, logits.shape[-1]))
         return torch.argmax(chosen, dim=-1)
+
+    def _end_step(
+        self,
+        tic: float,  # when the step started
+        k: int,
+        num_accepted: list[int],  # per request
+        num_real: torch.Tensor,  # [bs] drafts that came from masks (not padding)
+    ) -> None:
+        """Time the finished step (the caller has synced) and hand it to the stats, the
+        controller and the trace."""
+        elapsed = time.perf_counter() - tic
+        self._observe(k, num_accepted, num_real, elapsed)
+        if self._trace is not None:
+            self._trace.write(
+                f"{tic:.6f} {k} {len(num_accepted)} {elapsed * 1000:.2f}"
+                f" {self.stats.last_decision}\n"
+            )
 
     def _observe(
         self,

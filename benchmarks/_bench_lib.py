@@ -23,6 +23,10 @@ BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms
 RATIO_METRICS = ("output_throughput", "mean_e2e_latency_ms", "mean_tpot_ms")
 SPECULATIVE_PREFIX = "--speculative-"
 RESERVED_FLAGS = ("--host", "--port")
+# --interleave keeps every server up at once: each needs a capped KV pool (SGLang otherwise
+# sizes it from free memory, and the second server finds none), and idle ones must sleep.
+POOL_CAP_FLAGS = ("--max-total-tokens", "--mem-fraction-static")
+IDLE_SLEEP_FLAG = "--sleep-on-idle"
 HOST = "127.0.0.1"
 BENCH_SERVING_FIXED = (
     f"--backend sglang --host {HOST} --dataset-name random-ids --random-range-ratio 1.0 "
@@ -171,8 +175,22 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="serve every algorithm this many times, alternating the order (A B C, C B A, ...)"
         " so that a drift in host load hits all alike; metrics are the median over rounds",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every algorithm's server once and keep them all up (idle ones sleep, "
+        f"{IDLE_SLEEP_FLAG}); each round drives them in turn, so host drift falls on all alike. "
+        "Needs a KV pool cap for the servers to share memory: --max-total-tokens N "
+        "(or --mem-fraction-static F on a GPU)",
+    )
     args, extra = parser.parse_known_args(argv)
     args.algorithms = parse_algorithms(args.algorithms)
+    if args.interleave and not any(has_flag(extra, flag) for flag in POOL_CAP_FLAGS):
+        raise BenchError(
+            "--interleave keeps every server up at once, and SGLang sizes each KV pool from "
+            "the memory free at its start: cap it with --max-total-tokens N (CPU) or "
+            "--mem-fraction-static F (GPU, shared by all the servers)"
+        )
     for name in ("num_prompts", "max_concurrency", "output_len", "input_len", "rounds"):
         if getattr(args, name) < 1:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
@@ -219,6 +237,11 @@ def server_flags(algorithm: str, extra: list[str]) -> list[str]:
         if not has_flag(extra, name):
             flags += [name, value]
     return flags
+
+
+def interleave_flags(extra: list[str]) -> list[str]:
+    """The pass-through flags of a server that waits idle while the others run."""
+    return extra if has_flag(extra, IDLE_SLEEP_FLAG) else [*extra, IDLE_SLEEP_FLAG]
 
 
 @contextlib.contextmanager
@@ -294,7 +317,24 @@ def add_ratios(runs: list[dict]) -> None:
         for metric in RATIO_METRICS:
             ref, value = reference.get(metric), run.get(metric)
             ratios[metric] = value / ref if ref and value is not None else None
+        ratios["output_throughput_paired"] = paired_ratio(
+            run.get("rounds"), reference.get("rounds"), "output_throughput"
+        )
         run["ratios"] = ratios
+
+
+def paired_ratio(
+    rounds: list[dict] | None, reference: list[dict] | None, metric: str
+) -> float | None:
+    """Median over rounds of ``rounds[r][metric] / reference[r][metric]``: each round's runs
+    ran back to back, so this cancels drift between rounds that a ratio of medians keeps.
+    None without rounds on both sides, or where a round lacks the metric."""
+    if not rounds or not reference or len(rounds) != len(reference):
+        return None
+    pairs = [(run.get(metric), ref.get(metric)) for run, ref in zip(rounds, reference, strict=True)]
+    if any(not ref or value is None for value, ref in pairs):
+        return None
+    return statistics.median(value / ref for value, ref in pairs)
 
 
 def round_orders(algorithms: list[str], rounds: int) -> list[list[str]]:
@@ -428,7 +468,7 @@ def format_table(runs: list[dict]) -> str:
     """A fixed-width table; ratios are against the first run (x = run / first)."""
     header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "T_D%"]
     header += ["greedy="]
-    header += ["x tok/s", "x e2e", "x tpot"]
+    header += ["x tok/s", "x e2e", "x tpot", "x tok/s paired"]
     rows, errors = [header], []
     for run in runs:
         if "error" in run:
@@ -446,6 +486,7 @@ def format_table(runs: list[dict]) -> str:
                 _fmt(run.get("draft_share_pct"), ".1f"),
                 _fmt(run["greedy_equal_baseline"]),
                 *(_fmt(ratios.get(m), ".3f") for m in RATIO_METRICS),
+                _fmt(ratios.get("output_throughput_paired"), ".3f"),
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

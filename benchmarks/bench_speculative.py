@@ -10,6 +10,11 @@ the pass-through flags plus the algorithm's own, wait for ``/health_generate``, 
 requests (token ids and ``meta_info.spec_accept_length``), stop it. All runs happen in one
 invocation on one host, so the ratios against the first algorithm compare like with like
 (DESIGN.md: speed is measured side by side, never by timed asserts).
+
+``--rounds R`` repeats that with the order alternating; ``--interleave`` instead starts every
+server once, keeps them all up (idle ones sleep) and drives them in turn each round, which on
+a host whose speed drifts gives the steadier comparison (``x tok/s paired``: the median over
+rounds of each round's ratio). It needs a KV pool cap, e.g. ``--max-total-tokens 65536``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from _bench_lib import (
     combine_rounds,
     format_table,
     host_info,
+    interleave_flags,
     mean_or_none,
     model_path,
     parse_args,
@@ -53,6 +59,8 @@ MAX_GREEDY_PROMPT_LEN = 32
 # Token ids of the greedy prompts: below 250 so that any real vocabulary (and the tests' tiny
 # 512-token one) holds them, above 10 to skip the usual special tokens.
 GREEDY_TOKEN_RANGE = (10, 250)
+# --interleave: server i listens at or above --port-base + PORT_STRIDE * i
+PORT_STRIDE = 10
 
 
 def greedy_prompts(input_len: int) -> list[list[int]]:
@@ -103,25 +111,34 @@ def run_greedy(url: str, prompts: list[list[int]], max_new_tokens: int, timeout:
     }
 
 
-def run_algorithm(
-    index: int, algorithm: str, args: argparse.Namespace, extra: list[str], log_dir: Path
-) -> dict:
-    """Serve, benchmark and stop one algorithm; any failure becomes ``run["error"]``."""
-    run: dict = {"algorithm": algorithm}
-    work = log_dir / f"{index}-{algorithm}"
-    work.mkdir(parents=True, exist_ok=True)
-    run["log_dir"] = str(work)
-    port = pick_port(args.port_base + index)
+def start_server(
+    algorithm: str, port: int, args: argparse.Namespace, extra: list[str], work: Path
+) -> ServerProcess:
+    """Start one algorithm's server and wait until it answers ``/health_generate``; the caller
+    stops it (also when this raises: the half-started server is stopped here)."""
     print(f"[{algorithm}] starting server on port {port} (logs {work})", flush=True)
-    server, stage = None, "server start"
+    with algorithm_env(algorithm):
+        server = ServerProcess(server_flags(algorithm, extra), port, work / "server.log")
+    started = time.monotonic()
     try:
-        with algorithm_env(algorithm):
-            server = ServerProcess(server_flags(algorithm, extra), port, work / "server.log")
-        started = time.monotonic()
         server.wait_ready(args.timeout)
-        print(f"[{algorithm}] ready in {time.monotonic() - started:.0f}s", flush=True)
-        stage = "bench_serving"
-        run.update(run_bench_serving(port, args, model_path(extra), work))
+    except BaseException:
+        server.stop()
+        raise
+    print(f"[{algorithm}] ready in {time.monotonic() - started:.0f}s", flush=True)
+    return server
+
+
+def measure(
+    server: ServerProcess, algorithm: str, args: argparse.Namespace, extra: list[str], work: Path
+) -> dict:
+    """One ``bench_serving`` run and the fixed greedy batch against a ready server; any
+    failure becomes ``run["error"]``."""
+    run: dict = {"algorithm": algorithm, "log_dir": str(work)}
+    work.mkdir(parents=True, exist_ok=True)
+    stage = "bench_serving"
+    try:
+        run.update(run_bench_serving(server.port, args, model_path(extra), work))
         run.update(parse_server_metrics(server.log_path.read_text(errors="replace")))
         stage = "greedy /generate"
         prompts = greedy_prompts(args.input_len)
@@ -130,15 +147,74 @@ def run_algorithm(
         run.update(pick_accept_length(run["bench_accept_length"], run["greedy_accept_length"]))
     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
         run["error"] = f"{stage}: {type(exc).__name__}: {exc}"
-        if server is not None and server.proc.poll() is not None:
+        if server.proc.poll() is not None:
             run["error"] += (
                 f"\nserver exited with code {server.proc.returncode}:\n{tail(server.log_path)}"
             )
         print(f"[{algorithm}] FAILED: {run['error']}", file=sys.stderr, flush=True)
-    finally:
-        if server is not None:
-            server.stop()
     return run
+
+
+def run_algorithm(
+    index: int, algorithm: str, args: argparse.Namespace, extra: list[str], log_dir: Path
+) -> dict:
+    """Serve, benchmark and stop one algorithm; any failure becomes ``run["error"]``."""
+    work = log_dir / f"{index}-{algorithm}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        server = start_server(algorithm, pick_port(args.port_base + index), args, extra, work)
+    except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
+        print(f"[{algorithm}] FAILED: server start: {exc}", file=sys.stderr, flush=True)
+        return {"algorithm": algorithm, "log_dir": str(work), "error": f"server start: {exc}"}
+    try:
+        return measure(server, algorithm, args, extra, work)
+    finally:
+        server.stop()
+
+
+def run_sequential(args: argparse.Namespace, extra: list[str], log_dir: Path) -> dict:
+    """A fresh server per algorithm and round, one at a time: algorithm -> its rounds."""
+    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+    for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+        for name in order:
+            index = round_i * len(args.algorithms) + args.algorithms.index(name)
+            per_algorithm[name].append(run_algorithm(index, name, args, extra, log_dir))
+    return per_algorithm
+
+
+def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -> dict:
+    """Every algorithm's server up at once (idle ones sleep), each round driving them in turn.
+
+    A slow spell of the host then falls on neighbouring runs of every algorithm alike instead
+    of on whichever server happened to be up, and server start-up effects (first-touch pages,
+    calibration) are paid once; the paired ratios compare each round's runs.
+    """
+    servers: dict[str, ServerProcess] = {}
+    failed: dict[str, str] = {}
+    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+    try:
+        for i, name in enumerate(args.algorithms):
+            work = log_dir / f"{i}-{name}"
+            work.mkdir(parents=True, exist_ok=True)
+            port = pick_port(args.port_base + PORT_STRIDE * i)
+            try:
+                servers[name] = start_server(name, port, args, interleave_flags(extra), work)
+            except Exception as exc:  # noqa: BLE001 - the other algorithms still run
+                failed[name] = f"server start: {exc}"
+                print(f"[{name}] FAILED: {failed[name]}", file=sys.stderr, flush=True)
+        for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+            for name in order:
+                i = args.algorithms.index(name)
+                if name in failed:
+                    per_algorithm[name].append({"algorithm": name, "error": failed[name]})
+                    continue
+                work = log_dir / f"{i}-{name}" / f"round{round_i}"
+                print(f"[{name}] round {round_i + 1}/{args.rounds}", flush=True)
+                per_algorithm[name].append(measure(servers[name], name, args, extra, work))
+    finally:
+        for server in servers.values():
+            server.stop()
+    return per_algorithm
 
 
 def main(argv: list[str]) -> int:
@@ -150,11 +226,8 @@ def main(argv: list[str]) -> int:
     command = shlex.join([sys.executable, os.path.relpath(__file__), *argv])
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench_speculative_"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
-    for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
-        for name in order:
-            index = round_i * len(args.algorithms) + args.algorithms.index(name)
-            per_algorithm[name].append(run_algorithm(index, name, args, extra, log_dir))
+    run = run_interleaved if args.interleave else run_sequential
+    per_algorithm = run(args, extra, log_dir)
     runs = [combine_rounds(per_algorithm[name]) for name in args.algorithms]
     result = assemble(command, host_info(), args.algorithms, runs)
     if args.json:
@@ -165,6 +238,9 @@ def main(argv: list[str]) -> int:
     print(f"ratios x = run / {args.algorithms[0]}; greedy= : greedy ids equal the first run's")
     if args.rounds > 1:
         print(f"metrics: median over {args.rounds} rounds (order alternates)")
+        print("x tok/s paired: median over rounds of run / first run of the same round")
+    if args.interleave:
+        print("servers: all up at once (--interleave), idle ones sleeping")
     print(format_table(result["runs"]))
     return 1 if any("error" in run for run in runs) else 0
 

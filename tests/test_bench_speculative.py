@@ -80,6 +80,7 @@ def test_parse_args_does_not_swallow_abbreviations() -> None:
         (["--algorithms", "standalone", "--speculative-algorithm=EAGLE"], "set by --algorithms"),
         (["--algorithms", "none", "--num-prompts", "0"], "--num-prompts must be >= 1"),
         (["--algorithms", "none", "--rounds", "0"], "--rounds must be >= 1"),
+        (["--algorithms", "none", "--interleave"], "cap it with --max-total-tokens"),
     ],
 )
 def test_bad_command_lines_are_refused(argv: list[str], message: str) -> None:
@@ -196,7 +197,7 @@ def test_assemble_greedy_equality_and_ratios() -> None:
     assert standalone["greedy_equal_baseline"] is True
     assert other["greedy_equal_baseline"] is False
     assert none["ratios"] == {"output_throughput": 1.0, "mean_e2e_latency_ms": 1.0,
-                              "mean_tpot_ms": 1.0}  # fmt: skip
+                              "mean_tpot_ms": 1.0, "output_throughput_paired": None}  # fmt: skip
     assert standalone["ratios"]["output_throughput"] == pytest.approx(2.5)
     assert standalone["ratios"]["mean_e2e_latency_ms"] == pytest.approx(0.4)
     assert standalone["ratios"]["mean_tpot_ms"] == pytest.approx(0.4)
@@ -223,7 +224,7 @@ def test_failed_runs_keep_their_error_and_get_no_ratios() -> None:
     failed, ok = result["runs"]
     assert failed == {"algorithm": "none", "error": "RuntimeError: boom"}
     assert ok["greedy_equal_baseline"] is None
-    assert ok["ratios"] == dict.fromkeys(lib.RATIO_METRICS)
+    assert ok["ratios"] == dict.fromkeys([*lib.RATIO_METRICS, "output_throughput_paired"])
     table = lib.format_table(result["runs"])
     assert "none: ERROR RuntimeError: boom" in table and "standalone" in table
 
@@ -246,8 +247,9 @@ def test_table_shows_values_and_ratios() -> None:
         "1.000",
         "1.000",
         "1.000",
+        "-",
     ]
-    assert standalone.split()[-6:] == ["3.50", "-", "yes", "2.000", "0.500", "0.500"]
+    assert standalone.split()[-7:] == ["3.50", "-", "yes", "2.000", "0.500", "0.500", "-"]
 
 
 def test_server_metrics_come_from_the_last_worker_line() -> None:
@@ -336,6 +338,98 @@ def test_a_round_with_other_greedy_ids_breaks_equality() -> None:
     assert result["runs"][1]["greedy_equal_baseline"] is False
     failed = lib.combine_rounds([runs[0], {"algorithm": "standalone", "error": "boom"}])
     assert failed == {"algorithm": "standalone", "error": "boom"}
+
+
+def test_paired_ratio_cancels_drift_between_rounds() -> None:
+    # the host halves its speed in rounds 2 and 3; within each round b is 0.95 x a
+    a = [{"output_throughput": v} for v in (100.0, 50.0, 50.0)]
+    b = [{"output_throughput": 0.95 * v} for v in (100.0, 50.0, 50.0)]
+    b[0]["output_throughput"] = 95.0
+    assert lib.paired_ratio(b, a, "output_throughput") == pytest.approx(0.95)
+    assert lib.paired_ratio(b[:2], a, "output_throughput") is None
+    assert lib.paired_ratio(None, a, "output_throughput") is None
+    assert lib.paired_ratio([{"output_throughput": None}], a[:1], "output_throughput") is None
+    runs = [lib.combine_rounds([fake_run("none", r["output_throughput"], [[1]]) for r in a])]
+    runs.append(lib.combine_rounds([fake_run("b", r["output_throughput"], [[1]]) for r in b]))
+    lib.add_ratios(runs)
+    assert runs[1]["ratios"]["output_throughput_paired"] == pytest.approx(0.95)
+
+
+def test_interleave_needs_a_pool_cap_and_sleeps_idle_servers() -> None:
+    args, extra = lib.parse_args(
+        ["--algorithms", "none", "--interleave", "--max-total-tokens", "9"]
+    )
+    assert args.interleave and extra == ["--max-total-tokens", "9"]
+    assert lib.interleave_flags(extra) == ["--max-total-tokens", "9", "--sleep-on-idle"]
+    assert lib.interleave_flags(["--sleep-on-idle"]) == ["--sleep-on-idle"]
+    args, _ = lib.parse_args(["--algorithms", "none", "--interleave", "--mem-fraction-static=0.3"])
+    assert args.interleave
+    assert lib.parse_args(["--algorithms", "none"])[0].interleave is False
+
+
+class FakeServer:
+    def __init__(self, name: str, log: list) -> None:  # noqa: ANN001
+        self.name, self.log = name, log
+
+    def stop(self) -> None:
+        self.log.append(("stop", self.name))
+
+
+def test_interleave_starts_each_server_once_and_drives_them_in_turn(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    log: list = []
+    speed = {"none": iter([10.0, 5.0, 10.0]), "mtp_lora_auto": iter([10.0, 5.0, 9.0])}
+
+    def fake_start(name: str, port: int, args, extra, work) -> FakeServer:  # noqa: ANN001
+        assert "--sleep-on-idle" in extra and work.is_dir()
+        if name == "standalone":
+            raise RuntimeError("no draft model")
+        log.append(("start", name))
+        return FakeServer(name, log)
+
+    def fake_measure(server: FakeServer, name: str, args, extra, work) -> dict:  # noqa: ANN001
+        assert server.name == name and "--sleep-on-idle" not in extra
+        log.append(("measure", name, work.name))
+        return fake_run(name, next(speed[name]), [[1]])
+
+    monkeypatch.setattr(bench, "start_server", fake_start)
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "host_info", lambda: dict.fromkeys(HOST_KEYS, "h"))
+    out = tmp_path / "out.json"
+    argv = ["--algorithms", "none,standalone,mtp_lora_auto", "--rounds", "3", "--interleave",
+            "--max-total-tokens", "4096", "--json", str(out), "--log-dir", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 1  # standalone never started
+    assert log == [
+        ("start", "none"),
+        ("start", "mtp_lora_auto"),
+        ("measure", "none", "round0"),
+        ("measure", "mtp_lora_auto", "round0"),
+        ("measure", "mtp_lora_auto", "round1"),
+        ("measure", "none", "round1"),
+        ("measure", "none", "round2"),
+        ("measure", "mtp_lora_auto", "round2"),
+        ("stop", "none"),
+        ("stop", "mtp_lora_auto"),
+    ]
+    none, standalone, auto = json.loads(out.read_text())["runs"]
+    assert standalone["error"].startswith("server start: no draft model")
+    assert auto["ratios"]["output_throughput"] == pytest.approx(0.9)  # medians 9 / 10
+    assert auto["ratios"]["output_throughput_paired"] == pytest.approx(1.0)  # 1, 1, 0.9
+    assert auto["greedy_equal_baseline"] is True
+
+
+def test_interleave_stops_every_server_when_a_round_raises(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    log: list = []
+    monkeypatch.setattr(bench, "start_server", lambda name, *_: FakeServer(name, log))
+
+    def interrupted(*_args) -> dict:  # noqa: ANN002
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "measure", interrupted)
+    argv = ["--algorithms", "none,mtp_lora_auto", "--interleave", "--max-total-tokens", "64",
+            "--log-dir", str(tmp_path)]  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    assert log == [("stop", "none"), ("stop", "mtp_lora_auto")]
 
 
 def lib_assemble(algorithms: list[str], runs: list[dict]) -> dict:

@@ -185,6 +185,10 @@ def test_forward_respects_context_visibility():
 @pytest.mark.parametrize("flag", ["prefix_broadcast", "layer_shift", "rank_head"])
 def test_each_ablation_changes_forward_and_runs(flag):
     base = specblock_drafter()
+    with torch.no_grad():  # a trained shift: a fresh one is the identity (see below)
+        for shift in base.shifts:
+            noise = torch.randn(shift.weight.shape, generator=torch.Generator().manual_seed(3))
+            shift.weight.add_(noise * 0.05)
     ablated = specblock_drafter(**{flag: False})
     missing, unexpected = ablated.load_state_dict(base.state_dict(), strict=False)
     assert not missing
@@ -203,6 +207,19 @@ def test_each_ablation_changes_forward_and_runs(flag):
         fused_ref = ablated.fuse_inputs(cond[:, None], ids[:, None], False)
         torch.testing.assert_close(fused[:, :, 1:], fused_ref[:, :, 1:])
         assert not torch.allclose(fused[:, :, 0], fused_ref[:, :, 0])
+
+
+def test_fresh_layer_shift_starts_as_identity():
+    shifted, plain = specblock_drafter(), specblock_drafter(layer_shift=False)
+    plain.load_state_dict(shifted.state_dict(), strict=False)
+    cond, ids = inputs()
+    d = shifted.config.hidden_size
+    for shift in shifted.shifts:
+        torch.testing.assert_close(shift.weight[:, :d], torch.eye(d))
+        assert not shift.weight[:, d:].any()
+    torch.testing.assert_close(
+        shifted.draft_block(cond, ids).logits, plain.draft_block(cond, ids).logits
+    )
 
 
 # ---- checkpoints -------------------------------------------------------------------------------

@@ -284,6 +284,10 @@ def test_chain_rates_replay_and_bucket_report_constructed():
 def test_each_ablation_changes_the_model_or_the_loss(tiny, flag):
     target, train, _, _ = tiny
     base = _drafter(tiny)
+    with torch.no_grad():  # a trained shift: a fresh one is the identity (no-op)
+        for shift in base.shifts:
+            noise = torch.randn(shift.weight.shape, generator=torch.Generator().manual_seed(3))
+            shift.weight.add_(noise * 0.05)
     cfg = _cfg(rank_warmup_steps=0)
     tokens, starts, cuts = sample_step(train, cfg, 3, 0)
     ref = step_loss(base, target, tokens, starts, cuts, cfg, 0)

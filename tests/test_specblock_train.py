@@ -346,6 +346,27 @@ def test_resume_continues_exactly(tiny, tmp_path):
         train_drafter(_drafter(tiny), target, train, _cfg(steps=6, lr=1e-2), again)
 
 
+def test_shift_lr_scale_scales_only_the_shift_steps(tiny):
+    target, train, _, _ = tiny
+    moved = {}
+    for scale in (1.0, 0.01):
+        drafter = _drafter(tiny)
+        before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+        train_drafter(drafter, target, train, _cfg(steps=3, shift_lr_scale=scale), QUIET)
+        moved[scale] = {
+            n: (p.detach() - before[n]).abs().max().item()
+            for n, p in drafter.named_parameters()
+            if n.startswith(("shifts.", "fuse."))
+        }
+    for name, step in moved[0.01].items():
+        if name.startswith("shifts."):
+            assert 0 < step < 0.05 * moved[1.0][name], name
+        else:
+            assert step > 0.5 * moved[1.0][name], name
+    with pytest.raises(ValueError, match="shift_lr_scale"):
+        _cfg(shift_lr_scale=0)
+
+
 # ---- CLI -----------------------------------------------------------------------------------------
 
 

@@ -138,6 +138,7 @@ def train_config(args: argparse.Namespace) -> SpecBlockTrainConfig:
         lr=args.lr,
         warmup_steps=args.warmup_steps,
         rank_warmup_steps=args.rank_warmup_steps,
+        shift_lr_scale=args.shift_lr_scale,
         valid_prefix=not args.no_valid_prefix,
         seed=args.seed,
         bf16_autocast=not args.fp32,
@@ -167,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-blocks", type=int, default=2, help="blocks per training chain")
     g.add_argument("--eval-blocks", type=int, default=2, help="blocks M of a held-out chain")
     g.add_argument("--rank-warmup-steps", type=int, default=100, help="rank head joins here")
+    g.add_argument(
+        "--shift-lr-scale",
+        type=float,
+        default=1.0,
+        help="learning rate of the layer-wise shift W_shift as a share of --lr",
+    )
     g.add_argument("--no-prefix-broadcast", action="store_true", help="ablation (Table 2)")
     g.add_argument("--no-layer-shift", action="store_true", help="ablation (Table 2)")
     g.add_argument("--no-valid-prefix", action="store_true", help="ablation (Table 2)")

@@ -55,6 +55,10 @@ class SpecBlockTrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 0.5
     rank_warmup_steps: int = 100
+    # W_shift's learning rate as a share of ``lr``: the shift sits on the residual stream itself
+    # (Eq. 3 replaces it between layers), so Adam's per-element steps there scramble every
+    # position's state, where the same steps inside a normalised residual branch do not
+    shift_lr_scale: float = 1.0
     valid_prefix: bool = True  # False: the Table 2 "- valid-prefix curriculum" ablation
     seed: int = 0
     bf16_autocast: bool = True
@@ -64,6 +68,8 @@ class SpecBlockTrainConfig:
             raise ValueError(
                 f"steps, batch_size, num_blocks must be positive, first_start >= 0: {self}"
             )
+        if not self.shift_lr_scale > 0:
+            raise ValueError(f"shift_lr_scale must be > 0, got {self.shift_lr_scale}")
         if self.rank_warmup_steps < 0:
             raise ValueError(f"rank_warmup_steps must be >= 0, got {self.rank_warmup_steps}")
 
@@ -212,7 +218,14 @@ def train_drafter(
     every resumed segment. ``options``: checkpointing, resume, progress bar, early stop."""
     options = options or RunOptions()
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    shift_ids = {id(p) for p in drafter.shifts.parameters()}
+    groups = [
+        {"params": [p for p in params if id(p) not in shift_ids], "lr_scale": 1.0},
+        {"params": [p for p in params if id(p) in shift_ids], "lr_scale": cfg.shift_lr_scale},
+    ]
+    opt = torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=cfg.lr, weight_decay=cfg.weight_decay
+    )
     k, device = drafter.config.block_size, drafter.d2t.device
 
     def step_fn(step: int) -> tuple[torch.Tensor, dict]:

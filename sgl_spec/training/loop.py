@@ -117,8 +117,8 @@ def train_loop(
     t0, c0 = time.time(), time.process_time()
     base_elapsed, base_cpu = log["elapsed_s"], log["cpu_s"]
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)  # type: ignore[arg-type]
+        for group in opt.param_groups:  # a group may scale the schedule (``lr_scale``)
+            group["lr"] = lr_at(step, cfg) * group.get("lr_scale", 1.0)  # type: ignore[arg-type]
         loss, values = step_fn(step)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)

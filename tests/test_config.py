@@ -38,9 +38,14 @@ def test_cpu_defaults_respect_user_choices() -> None:
     assert argv[argv.index("--attention-backend") + 1] == "intel_amx"
     assert "--disable-overlap-schedule" in argv
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     user = ["--device=cpu", "--attention-backend", "torch_native", "--enable-overlap-schedule"]
-    argv = apply_cpu_defaults(user, {"SGLANG_USE_CPU_ENGINE": "0"})
+    user_env = {"SGLANG_USE_CPU_ENGINE": "0", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    argv = apply_cpu_defaults(user, user_env)
     assert argv == user
+    assert (
+        user_env["SGLANG_USE_CPU_ENGINE"] == "0" and user_env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    )
 
 
 def test_launcher_help_lists_sglang_and_our_flags() -> None:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
+import re
+import shlex
 import statistics
 import sys
 from collections.abc import Iterator
@@ -158,6 +161,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         required=True,
         help=f"comma list; the first is the reference for ratios. Known: {', '.join(ALGORITHMS)}",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'NAME=BASE FLAGS'",
+        help="a named algorithm made of a known one plus server flags, usable in --algorithms,"
+        " e.g. --variant 'specblock-n8=specblock --specblock-max-nodes 8'; repeatable",
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=128)
@@ -184,6 +195,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "(or --mem-fraction-static F on a GPU)",
     )
     args, extra = parser.parse_known_args(argv)
+    for text in args.variant:
+        register_variant(text)
     args.algorithms = parse_algorithms(args.algorithms)
     if args.interleave and not any(has_flag(extra, flag) for flag in POOL_CAP_FLAGS):
         raise BenchError(
@@ -202,6 +215,45 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             if flag.startswith("--") and has_flag(extra, flag):
                 raise BenchError(f"{flag} is set by --algorithms ({algorithm}); remove it")
     return args, extra
+
+
+BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def register_variant(text: str) -> str:
+    """``--variant 'NAME=BASE --flag value ...'``: ``NAME`` runs ``BASE`` with the flags added
+    (they win over ``BASE``'s defaults). Returns ``NAME``; it joins :data:`ALGORITHMS`."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    try:
+        words = shlex.split(rest)
+    except ValueError as exc:
+        raise BenchError(f"--variant {text!r}: {exc}") from None
+    if not sep or not name or not words:
+        raise BenchError(f"--variant needs 'NAME=BASE [FLAGS...]', got {text!r}")
+    if name in BUILTIN_ALGORITHMS or not VARIANT_NAME.fullmatch(name):
+        raise BenchError(
+            f"--variant {text!r}: the name must be new and of letters, digits, '.', '_', '-'"
+        )
+    base_name, flags = words[0], tuple(words[1:])
+    if base_name not in BUILTIN_ALGORITHMS:
+        raise BenchError(
+            f"--variant {text!r}: unknown base {base_name!r};"
+            f" known: {', '.join(sorted(BUILTIN_ALGORITHMS))}"
+        )
+    if flags and not flags[0].startswith("--"):
+        raise BenchError(f"--variant {text!r}: flags must start with --, got {flags[0]!r}")
+    base = ALGORITHMS[base_name]
+    if not base.speculative and any(f.startswith(SPECULATIVE_PREFIX) for f in flags):
+        raise BenchError(f"--variant {text!r}: {base_name} takes no --speculative-* flags")
+    given = {f for f in flags if f.startswith("--")}
+    ALGORITHMS[name] = dataclasses.replace(
+        base,
+        flags=(*base.flags, *flags),
+        defaults=tuple((f, v) for f, v in base.defaults if f not in given),
+    )
+    return name
 
 
 def parse_algorithms(text: str) -> list[str]:
@@ -229,7 +281,7 @@ def server_flags(algorithm: str, extra: list[str]) -> list[str]:
 
         extra = [*extra, "--model-path", DEFAULT_TARGET]
     if not spec.speculative:
-        return drop_flags(extra, SPECULATIVE_PREFIX)
+        return [*drop_flags(extra, SPECULATIVE_PREFIX), *spec.flags]
     if spec.own_speculative_flags:
         extra = drop_flags(extra, SPECULATIVE_PREFIX)
     flags = [*extra, *spec.flags]

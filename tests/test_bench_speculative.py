@@ -100,6 +100,57 @@ def test_unknown_algorithm_fails_before_any_server(monkeypatch, capsys) -> None:
     assert "bogus" in err and "none, standalone" in err
 
 
+@pytest.fixture
+def own_algorithms(monkeypatch):  # noqa: ANN001, ANN201
+    """Variants register into ALGORITHMS: give each test its own copy."""
+    monkeypatch.setattr(lib, "ALGORITHMS", dict(lib.ALGORITHMS))
+
+
+def test_variant_adds_flags_to_its_base_and_overrides_its_defaults(own_algorithms) -> None:  # noqa: ANN001
+    args, extra = lib.parse_args(
+        ["--algorithms", "none,specblock,sb-n8,k1-m4",
+         "--variant", "sb-n8=specblock --specblock-max-nodes 8",
+         "--variant", "k1-m4=specblock-k1 --specblock-m 4", "--model-path", "M"]
+    )  # fmt: skip
+    assert args.algorithms == ["none", "specblock", "sb-n8", "k1-m4"]
+    assert "--variant" not in extra
+    n8 = lib.server_flags("sb-n8", extra)
+    assert n8[-4:] == ["--speculative-algorithm", "SPECBLOCK", "--specblock-max-nodes", "8"]
+    assert "--specblock-max-nodes" not in lib.server_flags("specblock", extra)
+    m4 = lib.server_flags("k1-m4", extra)
+    assert m4.count("--specblock-m") == 1 and m4[m4.index("--specblock-m") + 1] == "4"
+    assert m4[m4.index("--specblock-drafter-path") + 1].endswith("specblock-k1")
+    plain = lib.register_variant("none-t2=none --max-running-requests 2")
+    assert lib.server_flags(plain, ["--model-path", "M"])[-2:] == ["--max-running-requests", "2"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        ("specblock --specblock-m 1", "NAME=BASE"),
+        ("x=", "NAME=BASE"),
+        ("specblock=specblock --specblock-m 1", "name must be new"),
+        ("a,b=specblock", "name must be new"),
+        ("x=eagle --specblock-m 1", "unknown base 'eagle'"),
+        ("x=specblock 8", "must start with --"),
+        ("x=none --speculative-num-steps 2", "none takes no --speculative-*"),
+        ("x=specblock --specblock-m '1", "quotation"),
+    ],
+)
+def test_bad_variants_are_refused(own_algorithms, variant: str, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(lib.BenchError) as info:
+        lib.parse_args(["--algorithms", "none", "--variant", variant])
+    assert message in str(info.value)
+
+
+def test_variant_flags_cannot_also_be_passed_to_every_server(own_algorithms) -> None:  # noqa: ANN001
+    with pytest.raises(lib.BenchError, match="set by --algorithms"):
+        lib.parse_args(
+            ["--algorithms", "none,x", "--variant", "x=specblock --specblock-m 1",
+             "--specblock-m", "2"]
+        )  # fmt: skip
+
+
 # --- algorithm -> server flags ------------------------------------------------------------
 
 

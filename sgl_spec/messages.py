@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2  # 2: Hello.max_total_tokens
+PROTOCOL_VERSION = 3  # 2: Hello.max_total_tokens; 3: Hello.drafter, DraftEntry.features
 _MAGIC = b"MD"
 _HEADER = struct.Struct("<2sHB")  # magic, protocol version, type tag
 _EXT_INT32 = 1
@@ -77,6 +77,9 @@ class Hello:
     # The target's KV budget in tokens (--max-total-tokens), 0 if SGLang sizes it from memory:
     # the draft server never holds more verified tokens than the target, so this bounds its pool.
     max_total_tokens: int = 0
+    # "model": a draft LM at draft_model_path; "specblock": a SpecBlock drafter directory there,
+    # fed the target's features with each DraftEntry (--minedraft-drafter).
+    drafter: str = "model"
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "num_draft_tokens", "topk", "max_batch_size"):
@@ -84,6 +87,10 @@ class Hello:
                 raise MessageError(f"Hello.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_total_tokens < 0:
             raise MessageError(f"Hello.max_total_tokens must be >= 0, got {self.max_total_tokens}")
+        if self.drafter not in ("model", "specblock"):
+            raise MessageError(
+                f"Hello.drafter must be 'model' or 'specblock', got {self.drafter!r}"
+            )
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,6 +102,8 @@ class DraftEntry:
     length after appending them, so the server can detect a lost or duplicated update.
     ``prompt_ids`` is set only on the request's first entry; the server then starts a new
     sequence ``prompt_ids + appended_ids``. ``temperature`` 0 drafts greedily (no probs).
+    ``features`` (SpecBlock drafter only) are the target's (low, mid, top) feature rows of the
+    positions that gained them since the last entry: every token but the newest one has them.
     """
 
     rid: str
@@ -102,11 +111,19 @@ class DraftEntry:
     seq_len: int
     prompt_ids: np.ndarray | None = None  # [prompt_len] int32, first entry only
     temperature: float = 0.0
+    features: np.ndarray | None = None  # [num_rows, 3 * d_target] float32
 
     def __post_init__(self) -> None:
         _set(self, "appended_ids", _as_array(self.appended_ids, np.int32, 1, "appended_ids"))
         if self.prompt_ids is not None:
             _set(self, "prompt_ids", _as_array(self.prompt_ids, np.int32, 1, "prompt_ids"))
+        if self.features is not None:
+            rows = _as_array(self.features, np.float32, 2, "features")
+            if len(rows) > self.seq_len:
+                raise MessageError(
+                    f"{self.rid}: {len(rows)} feature rows for a sequence of {self.seq_len}"
+                )
+            _set(self, "features", rows)
         known = len(self.appended_ids) + (0 if self.prompt_ids is None else len(self.prompt_ids))
         if self.seq_len < known:
             raise MessageError(f"{self.rid}: seq_len {self.seq_len} < {known} tokens sent")

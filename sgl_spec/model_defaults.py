@@ -111,8 +111,12 @@ def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
 
 
 def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
-    """SPECBLOCK on the shipped target: the shipped drafter, unless one is given."""
+    """SPECBLOCK (or MINEDRAFT hosting a SpecBlock drafter, ``--minedraft-drafter
+    specblock``) on the shipped target: the shipped drafter, unless one is given."""
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
     defaults = {"specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER}
-    return fill_unset_for_shipped(config, argv, "SPECBLOCK", defaults)
+    config = fill_unset_for_shipped(config, argv, "SPECBLOCK", defaults)
+    if config.minedraft_drafter == "specblock":
+        config = fill_unset_for_shipped(config, argv, "MINEDRAFT", defaults)
+    return config

@@ -20,6 +20,17 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:  # noqa: ANN001
+    """A SpecBlock drafter trained for the tiny target (``train_specblock_drafter``), built
+    once: SPECBLOCK's and MINEDRAFT's serving tests both draft with it."""
+    from tiny_models import train_specblock_drafter
+
+    return train_specblock_drafter(
+        tiny_models["target"], tmp_path_factory.mktemp("specblock") / "drafter"
+    )
+
+
+@pytest.fixture(scope="session")
 def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:  # noqa: ANN001
     """Greedy token ids of the non-speculative server on the tiny target, computed once per
     session (short and long prompts; max 48 new tokens), then the server is stopped."""

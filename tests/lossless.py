@@ -194,6 +194,29 @@ def assert_speculative_sampling_law(
     assert result.p_value > alpha, result
 
 
+def assert_three_token_law(
+    server,  # noqa: ANN001 -- server_utils.Server
+    target_dir: Path,
+    input_ids: list[int],
+    *,
+    temperature: float,
+    num_samples: int,
+    alpha: float,
+) -> None:
+    """:func:`assert_speculative_sampling_law` for completion tokens 1-3 against the target's
+    exact joint law (``joint_law``), cells of expected count >= 10."""
+    law = joint_law(target_dir, input_ids, temperature, num_samples, 3)
+    assert_speculative_sampling_law(
+        server,
+        input_ids,
+        law,
+        temperature=temperature,
+        num_samples=num_samples,
+        alpha=alpha,
+        min_cells=10,
+    )
+
+
 def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> float:  # noqa: ANN001
     """Greedy ids equal the non-speculative server's (``baseline_greedy``) for ``PROMPTS`` in one
     batched request and ``LONG_PROMPTS`` sent as separate requests at once; every request was

@@ -28,7 +28,6 @@ from lossless import (
     joint_law,
 )
 from server_utils import Server, ServerPool
-from tiny_models import train_specblock_drafter
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000
@@ -37,10 +36,8 @@ SAMPLING_PROMPT_IDS = [12, 40, 7, 99, 3]
 
 
 @pytest.fixture(scope="module")
-def drafter(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
-    return train_specblock_drafter(
-        tiny_models["target"], tmp_path_factory.mktemp("specblock") / "drafter"
-    )
+def drafter(tiny_specblock_drafter):  # noqa: ANN001, ANN201
+    return tiny_specblock_drafter
 
 
 def _specblock_args(target, drafter) -> list[str]:  # noqa: ANN001

@@ -97,6 +97,38 @@ def test_only_new_tokens_travel_and_drafts_are_keyed_by_length() -> None:
     assert client.sent[-1].removed_rids == ("a",)
 
 
+def test_feature_rows_travel_with_their_tokens() -> None:
+    """SpecBlock drafter: a new (or re-sent) request carries the rows of every position but the
+    newest, an update those of the positions that gained them since the last one."""
+    client = FakeClient()
+    link = DraftLink(client, timeout_s=1.0)
+    link.start()
+    asked = []
+
+    def rows(start: int, end: int) -> np.ndarray:
+        asked.append((start, end))
+        return np.full((end - start, 2), start, dtype=np.float32)
+
+    link.submit(1, 0, [DraftJob("a", [5, 6, 7], 2, rows)])
+    assert client.sent[-1].entries[0].features.shape == (2, 2)
+    link.collect(1)
+    link.submit(2, 1, [DraftJob("a", [5, 6, 7, 8, 9], 2, rows)])
+    entry = client.sent[-1].entries[0]
+    assert entry.features.shape == (2, 2) and entry.features[0, 0] == 2
+    link.collect(2)
+    link.submit(3, 0, [DraftJob("a", [5, 6, 7, 8, 9], 2, rows)])  # nothing new
+    assert client.sent[-1].entries[0].features.shape == (0, 2)
+    assert asked == [(0, 2), (2, 4), (4, 4)]
+    link.submit(4, 1, [DraftJob("b", [1, 2], 1)])
+    assert client.sent[-1].entries[0].features is None  # a draft LM: tokens only
+
+    def broken(start: int, end: int) -> np.ndarray:
+        raise IndexError("no such row")
+
+    assert link.submit(5, 0, [DraftJob("c", [1, 2, 3], 1, broken)])  # never raises
+    assert client.sent[-1].entries[0].features is None  # the server keeps "c" undrafted
+
+
 @pytest.mark.parametrize("mode", ["fail_submit", "hang", "stranger"])
 def test_fault_gives_no_drafts_then_restart_resends_everything(mode: str) -> None:
     client = FakeClient()

@@ -9,6 +9,9 @@
 (c) faults: the draft server is SIGKILLed during an ``sglang.bench_serving`` run of 64 requests
     (16 in flight): all 64 complete without error, with the non-speculative server's texts; the
     draft server is restarted and parallel steps resume;
+(e) ``--minedraft-drafter specblock``: the draft server hosts the SpecBlock drafter trained for
+    the tiny target, fed the target's features; greedy equals the non-speculative server under
+    concurrent load with drafts accepted, and the sampling law test above passes with it.
 (d) §5.3: the target's peak KV usage on a workload is no higher than STANDALONE's with the same
     chain (SGLang's own ``#token`` count, logged every decode step). Both draft with a model
     whose drafts are constant, so requests advance by the same tokens per step under either
@@ -31,6 +34,7 @@ from lossless import (
     PROMPTS,
     assert_greedy_under_concurrent_load,
     assert_speculative_sampling_law,
+    assert_three_token_law,
     joint_law,
 )
 from server_utils import Server, ServerPool, finish_bench_serving, start_bench_serving
@@ -45,7 +49,7 @@ GREEDY = {"temperature": 0, "max_new_tokens": 48}
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):  # noqa: ANN001, ANN201
     logs = tmp_path_factory.mktemp("minedraft_logs")
     constant = constant_draft(tiny_models["target"], logs / "constant_draft")
 
@@ -73,6 +77,13 @@ def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
                 "off",
             ],
             "minedraft_constant": args("MINEDRAFT", constant),
+            "minedraft_specblock": [
+                *args("MINEDRAFT", tiny_models["draft"]),
+                "--minedraft-drafter",
+                "specblock",
+                "--specblock-drafter-path",
+                str(tiny_specblock_drafter),
+            ],
             "standalone_constant": args("STANDALONE", constant),
         },
         logs,
@@ -237,3 +248,20 @@ def test_peak_kv_no_higher_than_standalone(servers) -> None:  # noqa: ANN001
     standalone, standalone_ids = _peak_on_workload(servers("standalone_constant"))
     assert minedraft_ids == standalone_ids
     assert minedraft <= standalone, (minedraft, standalone)
+
+
+def test_specblock_drafter_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+    """The hosted SpecBlock drafter drafts from the target's features: drafts are accepted
+    (a broken feature path drafts noise, accepted ~never), and output is the baseline's."""
+    server = servers("minedraft_specblock")
+    accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
+    assert accept > 1.2, f"drafts are rarely accepted: {accept}"
+    last = _metrics(server)[-1]
+    assert last["coverage"] > 0.5 and last["faults"] == 0, last
+    assert "(specblock " in server.tail(200000), "the draft server hosts another drafter"
+
+
+def test_specblock_drafter_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
+    server = servers("minedraft_specblock")
+    kwargs = dict(temperature=TEMPERATURE, num_samples=NUM_SAMPLES, alpha=ALPHA)
+    assert_three_token_law(server, tiny_models["target"], SAMPLING_PROMPT_IDS, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from sgl_spec.config import ENV_VAR, SpecConfig
 from sgl_spec.patches import all_patches
 from sgl_spec.verify import tree_sampling
 
@@ -122,3 +123,21 @@ def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypat
     assert Configurator(kvc("SPECBLOCK"))._cell_size == 1250
     assert Configurator(kvc("SPECBLOCK", draft=True))._cell_size == 1000
     assert Configurator(kvc("STANDALONE"))._cell_size == 1000
+    # MINEDRAFT counts its feature cache only when it hosts the SpecBlock drafter
+    monkeypatch.setattr(patch, "feature_bytes_per_token", lambda dtype: 60)
+    assert Configurator(kvc("MINEDRAFT"))._cell_size == 1000
+    monkeypatch.setenv(ENV_VAR, SpecConfig(minedraft_drafter="specblock").to_env())
+    assert Configurator(kvc("MINEDRAFT"))._cell_size == 1060
+    assert Configurator(kvc("MINEDRAFT", draft=True))._cell_size == 1000
+
+
+def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    from tiny_models import SPECBLOCK_D, specblock_drafter
+
+    from sgl_spec.patches import specblock_kv_budget as patch
+
+    specblock_drafter().save_pretrained(tmp_path)
+    config = SpecConfig(minedraft_drafter="specblock", specblock_drafter_path=str(tmp_path))
+    monkeypatch.setenv(ENV_VAR, config.to_env())
+    assert patch.feature_bytes_per_token(torch.bfloat16) == 3 * SPECBLOCK_D * 2
+    assert patch.feature_bytes_per_token(torch.float32) == 3 * SPECBLOCK_D * 4

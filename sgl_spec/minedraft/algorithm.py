@@ -32,6 +32,7 @@ class MineDraftSettings:
     draft_timeout_s: float
     max_batch_size: int
     overlap: bool = True  # False: every step is standard SD (--minedraft-overlap off)
+    drafter: str = "model"  # --minedraft-drafter: "model" (draft LM) or "specblock"
 
     @property
     def width(self) -> int:
@@ -82,18 +83,22 @@ def check_device(draft_device: str, target_device: str, base_gpu_id: int) -> Non
 def load_settings(config: SpecConfig, server_args: Any) -> MineDraftSettings:
     from sgl_spec.models.registry import resolve_model_path
 
-    if config.minedraft_drafter != "model":
-        raise ValueError(
-            "--minedraft-drafter specblock: the SPECBLOCK drafter cannot be hosted by the"
-            " MineDraft draft server yet; use --minedraft-drafter model"
-        )
-    path = server_args.speculative_draft_model_path
-    if path is None:
-        raise ValueError("MINEDRAFT needs --speculative-draft-model-path (the draft LM)")
-    try:
-        path = resolve_model_path(path)
-    except ValueError as exc:
-        raise ValueError(f"--speculative-draft-model-path: {exc}") from exc
+    if config.minedraft_drafter == "specblock":
+        from sgl_spec.specblock.algorithm import read_drafter_config, resolve_drafter_path
+
+        try:
+            path = resolve_drafter_path(config.specblock_drafter_path)
+        except ValueError as exc:
+            raise ValueError(f"--minedraft-drafter specblock: {exc}") from exc
+        read_drafter_config(path)
+    else:
+        path = server_args.speculative_draft_model_path
+        if path is None:
+            raise ValueError("MINEDRAFT needs --speculative-draft-model-path (the draft LM)")
+        try:
+            path = resolve_model_path(path)
+        except ValueError as exc:
+            raise ValueError(f"--speculative-draft-model-path: {exc}") from exc
     device = config.speculative_draft_device or default_draft_device(server_args.device)
     check_device(device, server_args.device, int(server_args.base_gpu_id or 0))
     num_steps = int(server_args.speculative_num_steps or DEFAULT_NUM_STEPS)
@@ -107,6 +112,7 @@ def load_settings(config: SpecConfig, server_args: Any) -> MineDraftSettings:
         draft_timeout_s=float(config.minedraft_draft_timeout),
         max_batch_size=int(server_args.max_running_requests or DEFAULT_MAX_BATCH),
         overlap=config.minedraft_overlap == "on",
+        drafter=config.minedraft_drafter,
     )
 
 

@@ -106,7 +106,23 @@ def build_model_runner(
     return runner
 
 
-class DraftModel:
+class SequenceTable:
+    """Membership and lengths of the sequences a draft-server model holds (``_seqs``: rid ->
+    an object with ``token_ids``)."""
+
+    _seqs: dict
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._seqs
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def seq_len(self, rid: str) -> int:
+        return len(self._seqs[rid].token_ids)
+
+
+class DraftModel(SequenceTable):
     """Per-request draft KV over one ``ModelRunner``: add / append / free, then ``draft``.
 
     ``add``/``append`` only record tokens; the KV of new tokens is computed by the EXTEND of the
@@ -134,17 +150,9 @@ class DraftModel:
 
     # -- sequence state ----------------------------------------------------------------------
 
-    def __contains__(self, rid: str) -> bool:
-        return rid in self._seqs
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
-    def seq_len(self, rid: str) -> int:
-        return len(self._seqs[rid].token_ids)
-
-    def add(self, rid: str, token_ids: list[int]) -> None:
-        """Start a new sequence (replacing any old one with this rid)."""
+    def add(self, rid: str, token_ids: list[int], features: object = None) -> None:
+        """Start a new sequence (replacing any old one with this rid). ``features`` are for
+        the SpecBlock drafter (``specblock_host``); a draft LM reads tokens only."""
         self.free(rid)
         if not token_ids:
             raise DraftStateError(f"{rid}: empty sequence")
@@ -154,7 +162,7 @@ class DraftModel:
             raise DraftStateError(f"{rid}: no free request slot ({len(self)} requests held)")
         self._seqs[rid] = _Sequence(row=rows[0], token_ids=list(token_ids), kv_len=0)
 
-    def append(self, rid: str, token_ids: list[int]) -> None:
+    def append(self, rid: str, token_ids: list[int], features: object = None) -> None:
         seq = self._seqs.get(rid)
         if seq is None:
             raise DraftStateError(f"{rid}: unknown request (never sent with its prompt)")

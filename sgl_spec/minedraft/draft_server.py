@@ -54,6 +54,9 @@ POLL_S = 0.5  # inbox poll / parent check interval
 # (a leak or double free becomes a fatal ErrorReport).
 CHECK_KV_ENV = "SGLSPEC_MINEDRAFT_CHECK_KV"
 EXIT_PARENT_DIED = 3
+# Positions a hosted SpecBlock drafter accepts per request (its KV grows with the request; the
+# target's own context length is what really bounds it).
+SPECBLOCK_MAX_CONTEXT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ class DraftServer:
                 raise DraftStateError(
                     f"{entry.rid}: seq_len {entry.seq_len} != {len(tokens)} tokens sent"
                 )
-            self.model.add(entry.rid, tokens)
+            self.model.add(entry.rid, tokens, entry.features)
             return
         if entry.rid not in self.model:
             raise DraftStateError(f"{entry.rid}: unknown request (never sent with its prompt)")
@@ -174,7 +177,7 @@ class DraftServer:
             raise DraftStateError(
                 f"{entry.rid}: seq_len {entry.seq_len} != {held} held + {len(appended)} appended"
             )
-        self.model.append(entry.rid, appended)
+        self.model.append(entry.rid, appended, entry.features)
 
     def serve(self, inbox: MessageChannel, outbox: MessageChannel) -> None:
         """Answer DraftRequests until Shutdown."""
@@ -216,8 +219,9 @@ def cpu_kv_tokens(hello: Hello, context_len: int) -> int:
     return min(full, hello.max_total_tokens + max_requests * (hello.num_steps + 1))
 
 
-def load(hello: Hello):  # noqa: ANN201  (DraftModel)
-    """Place the process, then boot SGLang's ModelRunner for the draft model."""
+def load(hello: Hello):  # noqa: ANN201  (DraftModel or SpecBlockChainModel)
+    """Place the process, then boot SGLang's ModelRunner for the draft model (or load the
+    SpecBlock drafter, which runs as a plain PyTorch module)."""
     from sgl_spec.models.registry import resolve_model_path
 
     if hello.topk != 1:
@@ -225,6 +229,17 @@ def load(hello: Hello):  # noqa: ANN201  (DraftModel)
     spec = parse_device(hello.device)
     model_path = resolve_model_path(hello.draft_model_path)
     description = apply_device(spec)
+    if hello.drafter == "specblock":
+        from sgl_spec.minedraft.specblock_host import SpecBlockChainModel
+
+        if spec.kind == "cuda":
+            import torch
+
+            torch.cuda.set_device(spec.index or 0)
+        model = SpecBlockChainModel.load(
+            model_path, spec.torch_device, hello.num_steps, SPECBLOCK_MAX_CONTEXT
+        )
+        return model, f"{description}, SpecBlock drafter"
     from transformers import AutoConfig
 
     from sgl_spec.minedraft.draft_model import DraftModel, build_model_runner

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,20 @@ class DraftJob:
     rid: str
     tokens: Sequence[int]
     prompt_len: int
+    # SpecBlock drafter: ``features(start, end)`` gives the target's feature rows of positions
+    # start..end-1; every token but the newest (the next root) has them. None: a draft LM.
+    features: Callable[[int, int], np.ndarray] | None = None
+
+    def feature_rows(self, start: int) -> np.ndarray | None:
+        """Rows of positions ``start`` up to the newest token (excluded); None when there are
+        none to give (the draft server then never drafts this request: target-only, lossless)."""
+        if self.features is None:
+            return None
+        try:
+            return self.features(start, len(self.tokens) - 1)
+        except Exception:  # noqa: BLE001 -- drafting must never fail a request
+            logger.exception("MINEDRAFT: reading %s's target features failed", self.rid)
+            return None
 
 
 class DraftLink:
@@ -133,10 +147,19 @@ class DraftLink:
             total = len(job.tokens)
             if sent is None or sent > total:
                 prompt = np.asarray(job.tokens, dtype=np.int32)
-                entries.append(DraftEntry(job.rid, np.zeros(0, np.int32), total, prompt_ids=prompt))
+                entries.append(
+                    DraftEntry(
+                        job.rid,
+                        np.zeros(0, np.int32),
+                        total,
+                        prompt_ids=prompt,
+                        features=job.feature_rows(0),
+                    )
+                )
             else:
                 appended = np.asarray(job.tokens[sent:], dtype=np.int32)
-                entries.append(DraftEntry(job.rid, appended, total))
+                rows = job.feature_rows(max(sent - 1, 0))
+                entries.append(DraftEntry(job.rid, appended, total, features=rows))
             self._sent[job.rid] = total
         request = DraftRequest(step_id, batch_id, tuple(entries), tuple(self._removed))
         try:

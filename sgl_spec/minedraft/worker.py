@@ -21,6 +21,13 @@ verified without drafts, i.e. decoded target-only, and stay lossless. Verificati
 tree verify on chain trees: greedy takes the longest matching prefix, sampling is target-only
 rejection sampling, whose output law is the target's whatever the drafts (greedy drafts are
 sent).
+
+With ``--minedraft-drafter specblock`` the draft server hosts a SpecBlock drafter
+(``specblock_host.py``), which conditions on the target's (low, mid, top) features: prefill and
+verify capture them as SPECBLOCK does into a cache with one row per target KV location
+(``feature_pool``), and each request's job carries the rows of the positions verified since its
+last job, read through its ``req_to_token`` row: radix-cache hits and requests re-sent after a
+draft-server restart find their rows there.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +87,11 @@ class MineDraftWorker(BaseSpecWorker):
         self.stats = MineDraftStats()
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self._drafts: dict[str, tuple[int, np.ndarray]] = {}  # rid -> (seq len, draft ids)
+        # SpecBlock drafter: the target's features, one row per target KV location.
+        self.feature_index = (
+            self._capture_features() if self.settings.drafter == "specblock" else None
+        )
+        self._feature_pool: torch.Tensor | None = None
         self._step = 0  # draft requests sent (ids for the draft server)
         # Metrics line every --decode-log-interval phases (SGLang's decode log cadence).
         self.log_every = max(1, int(getattr(server_args, "decode_log_interval", 40) or 40))
@@ -91,6 +104,7 @@ class MineDraftWorker(BaseSpecWorker):
             max_batch_size=self.settings.max_batch_size,
             seed=int(server_args.random_seed or 0),
             max_total_tokens=int(server_args.max_total_tokens or 0),
+            drafter=self.settings.drafter,
         )
         # The draft server picks its cores from the affinity it inherits: the full set.
         affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -101,9 +115,10 @@ class MineDraftWorker(BaseSpecWorker):
         self._leave_draft_cores()
         self.link.start()
         logger.info(
-            "MINEDRAFT: draft server pid %s on %s (%s), %d drafts per request, policy %s",
+            "MINEDRAFT: draft server pid %s on %s (%s %s), %d drafts per request, policy %s",
             client.pid,
             self.settings.device,
+            self.settings.drafter,
             self.settings.draft_model_path,
             self.settings.num_steps,
             self.settings.policy,
@@ -121,6 +136,58 @@ class MineDraftWorker(BaseSpecWorker):
     @property
     def draft_worker(self):  # noqa: ANN201
         return None
+
+    def _capture_features(self) -> torch.Tensor:
+        """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does
+        (``SpecBlockWorker._capture_target_features``); returns the column index of the
+        features in SGLang's captured hidden states."""
+        from sgl_spec.specblock.algorithm import check_target_fit, read_drafter_config
+
+        config = read_drafter_config(self.settings.draft_model_path)
+        check_target_fit(
+            config, self.model_runner.model_config.hf_config, self.settings.draft_model_path
+        )
+        unique = sorted(set(config.aux_layer_ids))
+        self.model_runner.model.set_eagle3_layers_to_capture(unique)
+        d = config.target_hidden_size
+        index = [unique.index(i) * d + j for i in config.aux_layer_ids for j in range(d)]
+        return torch.tensor(index, dtype=torch.long, device=self.device)
+
+    @property
+    def feature_pool(self) -> torch.Tensor:
+        """``[locations, 3 * d_target]``: the features of the token at each target KV location,
+        written when its KV is (prefill, verify). A request's rows are the locations of its
+        ``req_to_token`` row, so radix-cache hits and re-sent requests find theirs; SGLang's KV
+        budget counts these bytes (``patches/specblock_kv_budget.py``)."""
+        if self._feature_pool is None:
+            kv_pool = self.model_runner.token_to_kv_pool
+            rows = int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1
+            self._feature_pool = torch.zeros(
+                rows, int(self.feature_index.numel()), dtype=self.model_runner.dtype,
+                device=self.device,
+            )  # fmt: skip
+            logger.info(
+                "MINEDRAFT: target feature cache %.1f MiB",
+                self._feature_pool.numel() * self._feature_pool.element_size() / 2**20,
+            )
+        return self._feature_pool
+
+    def _store_features(self, locs: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Features of the tokens whose KV was just written at ``locs`` (rows of ``hidden``)."""
+        if hidden is None or locs.numel() == 0:
+            return
+        rows = hidden.index_select(-1, self.feature_index).to(self.feature_pool.dtype)
+        self.feature_pool[locs.to(torch.long)] = rows
+
+    def _feature_rows(self, req_pool_index: int) -> Callable[[int, int], np.ndarray]:
+        """Rows of positions ``start .. end-1`` of a request, read when its job is sent."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+
+        def rows(start: int, end: int) -> np.ndarray:
+            locs = req_to_token[req_pool_index, start:end].to(torch.long)
+            return self.feature_pool[locs].float().cpu().numpy()
+
+        return rows
 
     def _leave_draft_cores(self) -> None:
         """``cpu:N``: the draft server takes the last N cores; the target keeps the others."""
@@ -147,7 +214,15 @@ class MineDraftWorker(BaseSpecWorker):
         )
 
     def _forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
-        result = self._target_worker.forward_batch_generation(batch)
+        if self.feature_index is None:
+            result = self._target_worker.forward_batch_generation(batch)
+        else:
+            result = self._target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL
+            )
+            hidden = result.logits_output.hidden_states
+            result.logits_output.hidden_states = None
+            self._store_features(batch.out_cache_loc, hidden)
         result.new_seq_lens = batch.seq_lens
         if isinstance(result.next_token_ids, torch.Tensor):
             result.next_draft_input = MineDraftDraftInput(
@@ -209,7 +284,8 @@ class MineDraftWorker(BaseSpecWorker):
         In a fallback step both are the whole batch and the drafts are awaited first."""
         tic = time.perf_counter()
         self._step += 1
-        jobs = [self._job(batch.reqs[i], extra) for i in draft_rows]
+        pool_indices = batch.req_pool_indices.tolist() if draft_rows else []
+        jobs = [self._job(batch.reqs[i], pool_indices[i], extra) for i in draft_rows]
         submitted = bool(jobs) and self.link.submit(self._step, plan.skip_batch, jobs)
         wait_s = draft_s = 0.0
         if not parallel and submitted:
@@ -248,9 +324,12 @@ class MineDraftWorker(BaseSpecWorker):
             )
         return _Phase(target_rows, result)
 
-    def _job(self, req, extra: dict[str, list[int]]) -> DraftJob:  # noqa: ANN001
+    def _job(self, req, pool_index: int, extra: dict[str, list[int]]) -> DraftJob:  # noqa: ANN001
         tokens = [*req.origin_input_ids, *req.output_ids, *extra.get(req.rid, ())]
-        return DraftJob(req.rid, tokens, len(req.origin_input_ids))
+        features = None
+        if self.feature_index is not None:
+            features = self._feature_rows(int(pool_index))
+        return DraftJob(req.rid, tokens, len(req.origin_input_ids), features)
 
     def _collect(self, step_id: int) -> float:
         got = self.link.collect(step_id)
@@ -299,11 +378,13 @@ class MineDraftWorker(BaseSpecWorker):
             spec_steps=self.settings.num_steps,
             topk=-1,
             draft_token_num=self.width,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
+            capture_hidden_mode=(
+                CaptureHiddenMode.NULL if self.feature_index is None else CaptureHiddenMode.FULL
+            ),
             seq_lens_sum=None,
             seq_lens_cpu=None,
         )
-        return run_eagle_verify(
+        result = run_eagle_verify(
             sub,
             target_worker=self._target_worker,
             req_to_token_pool=self.model_runner.req_to_token_pool,
@@ -316,6 +397,20 @@ class MineDraftWorker(BaseSpecWorker):
             metadata_ready_pre_pad=False,
             finalize_tree_path=True,
         )
+        if self.feature_index is not None:
+            # The accepted path (root + accepted drafts) is compacted to the front of each
+            # request's rows and of its step slots; those tokens now have KV and features.
+            hidden = result.logits_output.hidden_states
+            result.logits_output.hidden_states = None
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            accept = result.accept_lens.tolist()
+            pools = sub.req_pool_indices.tolist()
+            for i, (n, pool_index) in enumerate(zip(accept, pools, strict=True)):
+                if hidden is None:
+                    break
+                locs = req_to_token[pool_index, seq_lens[i] : seq_lens[i] + n]
+                self._store_features(locs, hidden[i * self.width : i * self.width + n])
+        return result
 
     def _mask_mode(self):  # noqa: ANN202
         verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)

@@ -9,6 +9,10 @@ memory of an 8-layer target and the server is killed for memory at start-up. Thi
 the drafter's bytes per location to the per-token cell size, so the two pools together fit the
 budget SGLang would have given the target alone. ``--max-total-tokens`` still wins (SGLang then
 skips the budget), as it does for SGLang's own draft pools.
+
+MINEDRAFT hosting a SpecBlock drafter (``--minedraft-drafter specblock``) keeps one row of the
+target's (low, mid, top) features per target KV location instead (``MineDraftWorker.
+feature_pool``); those bytes are counted the same way.
 """
 
 from __future__ import annotations
@@ -56,6 +60,23 @@ def is_specblock(spec_algorithm: object) -> bool:
     return getattr(spec_algorithm, "name", None) == "SPECBLOCK"
 
 
+def hosts_specblock(spec_algorithm: object) -> bool:
+    """MINEDRAFT with the SpecBlock drafter in its draft server."""
+    if getattr(spec_algorithm, "name", None) != "MINEDRAFT":
+        return False
+    return SpecConfig.from_env().minedraft_drafter == "specblock"
+
+
+def feature_bytes_per_token(dtype: object) -> int:
+    """Bytes per target KV location of MINEDRAFT's feature cache for the hosted drafter."""
+    import torch
+
+    from sgl_spec.specblock.algorithm import read_drafter_config, resolve_drafter_path
+
+    config = read_drafter_config(resolve_drafter_path(SpecConfig.from_env().specblock_drafter_path))
+    return 3 * config.target_hidden_size * torch.empty((), dtype=dtype).element_size()
+
+
 def drafter_bytes_per_token(dtype: object) -> int:
     """Bytes per target KV location of the configured drafter (0 without one)."""
     from sgl_spec.specblock.algorithm import read_drafter_config, runtime_settings
@@ -70,14 +91,21 @@ def counting_drafter(original: Callable[..., None]) -> Callable[..., None]:
 
     def __init__(self, kvc, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003, N807
         original(self, kvc, *args, **kwargs)
-        if kvc.is_draft_worker or not is_specblock(kvc.spec_algorithm) or not self._cell_size:
+        if kvc.is_draft_worker or not self._cell_size:
             return
         import torch
 
-        extra = drafter_bytes_per_token(getattr(kvc.model_config, "dtype", torch.float32))
+        dtype = getattr(kvc.model_config, "dtype", torch.float32)
+        if is_specblock(kvc.spec_algorithm):
+            name, extra, what = "SPECBLOCK", drafter_bytes_per_token(dtype), "drafter"
+        elif hosts_specblock(kvc.spec_algorithm):
+            name, extra, what = "MINEDRAFT", feature_bytes_per_token(dtype), "target features"
+        else:
+            return
         logger.info(
-            "SPECBLOCK: KV budget per token %d B (target) + %d B (drafter)", self._cell_size, extra
-        )
+            "%s: KV budget per token %d B (target) + %d B (%s)",
+            name, self._cell_size, extra, what,
+        )  # fmt: skip
         self._cell_size += extra
 
     __init__._sgl_spec_specblock = True  # type: ignore[attr-defined]

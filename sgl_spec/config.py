@@ -36,6 +36,7 @@ class SpecConfig:
     specblock_m: int = 2  # --specblock-m: tree blocks (drafter forwards) per iteration
     specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
     specblock_max_nodes: int = 32  # --specblock-max-nodes: verified tree nodes per request
+    specblock_rank_head: str = "on"  # --specblock-rank-head: off = fixed top-2 trees
     specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
     specblock_adapt_options: str | None = None  # --specblock-adapt-options: key=value,...
     speculative_draft_device: str | None = None  # --speculative-draft-device: MINEDRAFT drafter
@@ -97,6 +98,10 @@ class SpecConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"{flag} must be an integer in {low}..{high}; got {value!r}")
         specblock_bucket_map(self.specblock_branching)
+        if self.specblock_rank_head not in ("on", "off"):
+            raise ConfigError(
+                f"--specblock-rank-head must be 'on' or 'off'; got {self.specblock_rank_head!r}"
+            )
         if self.specblock_adapt_options is not None:
             if not self.specblock_adapt:
                 raise ConfigError("--specblock-adapt-options needs --specblock-adapt")
@@ -184,6 +189,15 @@ class SpecConfig:
             help="SPECBLOCK: tree nodes verified per request, root included (default 32).",
         )
         group.add_argument(
+            "--specblock-rank-head",
+            dest="specblock_rank_head",
+            default="on",
+            help="SPECBLOCK: 'on' (default) shapes the tree with the drafter's rank head"
+            " (--specblock-branching); 'off' grows fixed trees instead, the top 2 tokens at"
+            " every position and later blocks from chain ends only (the paper's Table 2"
+            " ablation, at serving time).",
+        )
+        group.add_argument(
             "--specblock-adapt",
             dest="specblock_adapt",
             action="store_true",
@@ -213,7 +227,9 @@ class SpecConfig:
             dest="minedraft_drafter",
             default="model",
             help="MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
-            " --speculative-draft-model-path) or 'specblock' (not servable yet).",
+            " --speculative-draft-model-path) or 'specblock' (the SpecBlock drafter of"
+            " --specblock-drafter-path, drafting chains of --speculative-num-steps; on the"
+            " shipped target the shipped drafter).",
         )
         group.add_argument(
             "--minedraft-policy",
@@ -246,6 +262,7 @@ class SpecConfig:
             specblock_m=_int_flag("--specblock-m", ns.specblock_m),
             specblock_branching=ns.specblock_branching,
             specblock_max_nodes=_int_flag("--specblock-max-nodes", ns.specblock_max_nodes),
+            specblock_rank_head=ns.specblock_rank_head,
             specblock_adapt=ns.specblock_adapt,
             specblock_adapt_options=ns.specblock_adapt_options,
             cpu_defaults=ns.sgl_spec_cpu_defaults,

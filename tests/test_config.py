@@ -23,6 +23,23 @@ def test_bad_value_names_the_flag() -> None:
         split_argv(["--sgl-spec-cpu-defaults", "sometimes"])
 
 
+def test_specblock_rank_head_switch() -> None:
+    from sgl_spec.specblock.algorithm import load_settings
+
+    assert split_argv([])[0].specblock_rank_head == "on"
+    cfg = split_argv(["--specblock-rank-head", "off", "--specblock-drafter-path", "x"])[0]
+    assert cfg.specblock_rank_head == "off"
+    assert SpecConfig.from_env({ENV_VAR: cfg.to_env()}).specblock_rank_head == "off"
+    shipped = SpecConfig(specblock_drafter_path="sgl-spec/tiny-code-specblock")
+    assert load_settings(shipped).draft.use_rank_head
+    off = SpecConfig(
+        specblock_drafter_path="sgl-spec/tiny-code-specblock", specblock_rank_head="off"
+    )
+    assert not load_settings(off).draft.use_rank_head
+    with pytest.raises(ConfigError, match="--specblock-rank-head"):
+        split_argv(["--specblock-rank-head", "fixed"])
+
+
 def test_env_round_trip_and_unknown_keys() -> None:
     cfg = SpecConfig(cpu_defaults="on", cpu_lossless_sampling=False)
     assert SpecConfig.from_env({ENV_VAR: cfg.to_env()}) == cfg
@@ -185,3 +202,19 @@ def test_minedraft_defaults_and_launch_checks() -> None:
                                          "--speculative-algorithm", "MINEDRAFT"])  # fmt: skip
     with pytest.raises(ConfigError, match="needs --speculative-algorithm MINEDRAFT"):
         check_launch_args(SpecConfig(speculative_draft_device="cpu:1"), ["--device", "cpu"])
+
+
+def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:  # noqa: ANN001
+    from sgl_spec.minedraft.algorithm import check_launch_args
+    from sgl_spec.model_defaults import fill_specblock_defaults, prepare_model_args
+    from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
+
+    argv = [*prepare_model_args(["--speculative-algorithm", "MINEDRAFT"]), "--device", "cpu"]
+    config = fill_specblock_defaults(SpecConfig(minedraft_drafter="specblock"), argv)
+    assert config.specblock_drafter_path == DEFAULT_SPECBLOCK_DRAFTER
+    check_launch_args(config, argv)
+    assert fill_specblock_defaults(SpecConfig(), argv).specblock_drafter_path is None
+    mine = SpecConfig(minedraft_drafter="specblock", specblock_drafter_path=str(tmp_path))
+    assert fill_specblock_defaults(mine, argv).specblock_drafter_path == str(tmp_path)
+    with pytest.raises(ConfigError, match="--minedraft-drafter specblock: .* no config.json"):
+        check_launch_args(mine, argv)

@@ -327,3 +327,31 @@ def test_kv_budget_counts_the_drafter_pool_bytes():
     layers, k, heads, head_dim = drafter_kv_shape(config)
     pool = DrafterKVPool(layers, 10, k, heads, head_dim, torch.float16, "cpu")
     assert drafter_kv_bytes_per_row(config, torch.float16) * 10 == pool.nbytes()
+
+
+@torch.no_grad()
+def test_rank_head_off_grows_the_fixed_tree_of_a_drafter_without_one():
+    """``--specblock-rank-head off``: the same trunk, trees as if the drafter had no rank head
+    (``fixed_width`` siblings everywhere, later blocks from chain ends only)."""
+    with_head = specblock_drafter(seed=2)
+    with torch.no_grad():  # buckets that would widen and start blocks if they were used
+        with_head.rank_head.net[-1].bias.copy_(B([0.0, 3.0, 2.0, -1.0]))
+    without = specblock_drafter(seed=2, rank_head=False)
+    without.load_state_dict(with_head.state_dict(), strict=False)
+    feats, toks = _inputs(7, seed=4)
+    locs = torch.arange(6) + 3
+    trees = {}
+    for name, model, use in (
+        ("off", with_head, False),
+        ("none", without, True),
+        ("on", with_head, True),
+    ):
+        pool = _pool(model)
+        ext = _fill(model, pool, feats, toks, locs, chunks=[6])
+        prefix = pool.gather(locs[None], B([6]), last_slot_only=True)
+        settings = DraftSettings(num_blocks=2, max_nodes=64, use_rank_head=use)
+        trees[name] = grow_trees(model, prefix, ext.root_cond, [int(toks[0, 6])], B([6]), settings)
+    off, none, on = (trees[n].trees[0] for n in ("off", "none", "on"))
+    assert (off.tokens, off.parents) == (none.tokens, none.parents)
+    assert off.num_nodes == 1 + 2 * 2 * K  # two blocks of K positions, 2 siblings each
+    assert (on.tokens, on.parents) != (off.tokens, off.parents)

@@ -102,6 +102,7 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
         num_blocks=config.specblock_m,
         bucket_map=config.specblock_bucket_map,
         max_nodes=config.specblock_max_nodes,
+        use_rank_head=config.specblock_rank_head == "on",
     )
     adapt = None
     if config.specblock_adapt:

@@ -51,6 +51,7 @@ class DraftSettings:
     max_nodes: int = 32  # verifier budget per request, root included
     max_starts: int = 8  # next-block starts kept per request and round
     fixed_width: int = 2  # siblings per position when the drafter has no rank head
+    use_rank_head: bool = True  # False: fixed_width trees even with a rank head (ablation)
     start_buckets: tuple[int, ...] = DEFAULT_START_BUCKETS
 
     def __post_init__(self) -> None:
@@ -250,7 +251,9 @@ def grow_trees(
             context_kv=context_kv if mask.shape[-1] > width * k else None,
             attention_mask=mask,
         )
-        rank = None if out.rank_logits is None else out.rank_logits[:, :, :used].flatten(0, 1)
+        rank = None
+        if out.rank_logits is not None and settings.use_rank_head:
+            rank = out.rank_logits[:, :, :used].flatten(0, 1)
         logits = out.logits[:, :, :used].flatten(0, 1)
         proposal = propose_from_logits(logits, drafter.d2t, rank, max_width)
         candidates: list[list[Start]] = []

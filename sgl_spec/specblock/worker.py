@@ -65,12 +65,14 @@ class SpecBlockWorker(BaseSpecWorker):
         self.feature_index = self._capture_target_features(cfg.aux_layer_ids)
         self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
         logger.info(
-            "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, max nodes %d)",
+            "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, rank head %s,"
+            " max nodes %d)",
             settings.drafter_path,
             cfg.block_size,
             self.block_size,
             self.draft_settings.num_blocks,
             self.draft_settings.bucket_map,
+            "on" if self.draft_settings.use_rank_head else "off",
             self.draft_settings.max_nodes,
         )
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()

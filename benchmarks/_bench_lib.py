@@ -94,6 +94,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "MINEDRAFT"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
+    # the shipped SpecBlock drafter (K = 4) in the draft server: one block per step
+    "minedraft-specblock": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-drafter", "specblock"),
+        (("--speculative-num-steps", "4"), ("--speculative-draft-device", "cpu:1")),
+    ),
     # the same, every step standard SD through the draft server: what the overlap gains
     "minedraft-sequential": Algorithm(
         ("--speculative-algorithm", "MINEDRAFT", "--minedraft-overlap", "off"),

@@ -550,6 +550,9 @@ def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:  # noqa: 
     sequential = lib.server_flags("minedraft-sequential", ["--model-path", "m"])
     assert sequential[sequential.index("--minedraft-overlap") + 1] == "off"
     assert sequential[sequential.index("--speculative-draft-device") + 1] == "cpu:1"
+    hosted = lib.server_flags("minedraft-specblock", ["--model-path", "m"])
+    assert hosted[hosted.index("--minedraft-drafter") + 1] == "specblock"
+    assert hosted[hosted.index("--speculative-num-steps") + 1] == "4"
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     with lib.algorithm_env("standalone-1core"):
         assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "0"

@@ -54,8 +54,8 @@ def reference(default_server) -> dict:  # noqa: ANN001
     return out
 
 
-def _only_algorithm_flag(algorithm: str, log_path) -> dict:  # noqa: ANN001
-    server = Server(["--speculative-algorithm", algorithm], log_path)
+def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:  # noqa: ANN001
+    server = Server(["--speculative-algorithm", algorithm, *extra], log_path)
     try:
         params = {"temperature": 0, "max_new_tokens": 64}
         return server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
@@ -77,3 +77,13 @@ def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: AN
     out = _only_algorithm_flag("MINEDRAFT", tmp_path / "minedraft.log")
     assert out["output_ids"] == reference["output_ids"]
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
+
+
+def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+    """`--minedraft-drafter specblock` on the shipped target: the shipped SpecBlock drafter in
+    the draft server, fed the target's features; drafts accepted, greedy output unchanged."""
+    log = tmp_path / "minedraft_specblock.log"
+    out = _only_algorithm_flag("MINEDRAFT", log, "--minedraft-drafter", "specblock")
+    assert out["output_ids"] == reference["output_ids"]
+    assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
+    assert "(specblock " in log.read_text(errors="replace")

@@ -78,7 +78,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
     # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks
     "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
-    # the same drafter trained with K = 1 at the same tree budget: depth M * K = 8, 32 nodes
+    # the same drafter trained with K = 1 at the same tree budget (depth M * K = 8; node budget
+    # --specblock-max-nodes, the launcher's default on the shipped target when not given)
     "specblock-k1": Algorithm(
         (
             "--speculative-algorithm",

@@ -17,6 +17,8 @@ CPU_FALLBACK_CHOICES = ("auto", "on", "off")
 MAX_MTP_K = 8
 SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}  # App. A.5
 MAX_SPECBLOCK_NODES = 256
+SPECBLOCK_DEFAULT_M = 2  # tree blocks per iteration (paper §4.1 setting)
+SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
 MINEDRAFT_DRAFTERS = ("model", "specblock")
 
 
@@ -33,9 +35,12 @@ class SpecConfig:
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
     specblock_drafter_path: str | None = None  # --specblock-drafter-path: drafter directory
     specblock_k: int | None = None  # --specblock-k: positions used per block (<= drafter's K)
-    specblock_m: int = 2  # --specblock-m: tree blocks (drafter forwards) per iteration
+    # --specblock-m: tree blocks (drafter forwards) per iteration; None: SPECBLOCK_DEFAULT_M,
+    # or the measured best on the shipped models (``model_defaults``)
+    specblock_m: int | None = None
     specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
-    specblock_max_nodes: int = 32  # --specblock-max-nodes: verified tree nodes per request
+    # --specblock-max-nodes: verified tree nodes per request; None as for specblock_m
+    specblock_max_nodes: int | None = None
     specblock_rank_head: str = "on"  # --specblock-rank-head: off = fixed top-2 trees
     specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
     specblock_adapt_options: str | None = None  # --specblock-adapt-options: key=value,...
@@ -172,8 +177,9 @@ class SpecConfig:
         group.add_argument(
             "--specblock-m",
             dest="specblock_m",
-            default="2",
-            help="SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default 2).",
+            default=None,
+            help="SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default"
+            f" {SPECBLOCK_DEFAULT_M}; the measured best on the shipped models).",
         )
         group.add_argument(
             "--specblock-branching",
@@ -185,8 +191,9 @@ class SpecConfig:
         group.add_argument(
             "--specblock-max-nodes",
             dest="specblock_max_nodes",
-            default="32",
-            help="SPECBLOCK: tree nodes verified per request, root included (default 32).",
+            default=None,
+            help="SPECBLOCK: tree nodes verified per request, root included (default"
+            f" {SPECBLOCK_DEFAULT_MAX_NODES}; the measured best on the shipped models).",
         )
         group.add_argument(
             "--specblock-rank-head",

@@ -31,6 +31,10 @@ MINEDRAFT_DEFAULTS = {"--speculative-num-steps": "3"}
 # plain decoding on the CPU hosts measured; the controller keeps drafts off there (0.88-1.03x of
 # plain decoding) and turns them on where a step with drafts is cheap enough to pay.
 MTP_DEFAULT_K = "auto"
+# Measured on the shipped target + drafters (benchmarks/RESULTS.md, session 12, 2-core CPU): a
+# verified tree costs about linearly in its nodes here, and 8 nodes beat 16 and 32
+# (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
+SPECBLOCK_SHIPPED_MAX_NODES = 8
 
 
 def looks_like_hub_id(value: str) -> bool:
@@ -111,12 +115,14 @@ def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
 
 
 def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
-    """SPECBLOCK (or MINEDRAFT hosting a SpecBlock drafter, ``--minedraft-drafter
-    specblock``) on the shipped target: the shipped drafter, unless one is given."""
+    """SPECBLOCK on the shipped target: the shipped drafter and the measured-best node budget
+    (``SPECBLOCK_SHIPPED_MAX_NODES``), unless given. MINEDRAFT hosting a SpecBlock drafter
+    (``--minedraft-drafter specblock``) on the shipped target: the shipped drafter."""
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
-    defaults = {"specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER}
+    drafter = {"specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER}
+    defaults = {**drafter, "specblock_max_nodes": SPECBLOCK_SHIPPED_MAX_NODES}
     config = fill_unset_for_shipped(config, argv, "SPECBLOCK", defaults)
     if config.minedraft_drafter == "specblock":
-        config = fill_unset_for_shipped(config, argv, "MINEDRAFT", defaults)
+        config = fill_unset_for_shipped(config, argv, "MINEDRAFT", drafter)
     return config

@@ -83,7 +83,10 @@ def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) ->
     """`--minedraft-drafter specblock` on the shipped target: the shipped SpecBlock drafter in
     the draft server, fed the target's features; drafts accepted, greedy output unchanged."""
     log = tmp_path / "minedraft_specblock.log"
-    out = _only_algorithm_flag("MINEDRAFT", log, "--minedraft-drafter", "specblock")
+    # (--log-level info only to see which drafter the draft server hosts)
+    out = _only_algorithm_flag(
+        "MINEDRAFT", log, "--minedraft-drafter", "specblock", "--log-level", "info"
+    )
     assert out["output_ids"] == reference["output_ids"]
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
     assert "(specblock " in log.read_text(errors="replace")

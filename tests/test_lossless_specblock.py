@@ -10,7 +10,8 @@ depend on the drafter's quality.
     up to 16 nodes from M = 2 blocks;
 (c) adaptation on (``--specblock-adapt``, paper §3.4, with tiny warm-up and buffers so updates
     really reach the serving drafter within the test): greedy output still equals the
-    non-speculative server's, before and after updates were applied.
+    non-speculative server's, before and after updates were applied; this server's trees hold
+    at most 5 nodes, fewer than the depth M*K + 1 (a budget that once crashed the worker).
 (b) sampling: the joint law of completion tokens 1-3 at temperature 1 matches the target's exact
     law; tokens 2 and 3 are verified against tree drafts (the first decode step already has a
     tree, drafted from the prefill). Pearson chi-square with a simulated null, alpha = 1e-4
@@ -40,13 +41,13 @@ def drafter(tiny_specblock_drafter):  # noqa: ANN001, ANN201
     return tiny_specblock_drafter
 
 
-def _specblock_args(target, drafter) -> list[str]:  # noqa: ANN001
+def _specblock_args(target, drafter, max_nodes: int = 16) -> list[str]:  # noqa: ANN001
     return [
         "--model-path", str(target),
         "--speculative-algorithm", "SPECBLOCK",
         "--specblock-drafter-path", str(drafter),
         "--specblock-m", "2",
-        "--specblock-max-nodes", "16",
+        "--specblock-max-nodes", str(max_nodes),
         # Each request reserves 2 x 16 KV slots per step; bound the 6000-request batch.
         "--max-running-requests", "256",
         "--log-level", "info",
@@ -60,7 +61,10 @@ ADAPT_OPTIONS = "warmup_queries=2,measure_queries=2,buffer_queries=1,window=8,st
 @pytest.fixture(scope="module")
 def servers(tiny_models, drafter, tmp_path_factory):  # noqa: ANN001, ANN201
     args = _specblock_args(tiny_models["target"], drafter)
-    adapt = [*args, "--specblock-adapt", "--specblock-adapt-options", ADAPT_OPTIONS]
+    # A node budget below the depth M*K + 1 (here 5 < 7): SGLang's accepted path must still fit
+    # the verify width (it once crashed the first decode step).
+    small = _specblock_args(tiny_models["target"], drafter, max_nodes=5)
+    adapt = [*small, "--specblock-adapt", "--specblock-adapt-options", ADAPT_OPTIONS]
     pool = ServerPool(
         {"specblock": args, "specblock_adapt": adapt},
         tmp_path_factory.mktemp("specblock_logs"),

@@ -281,13 +281,18 @@ def test_settings_and_target_fit_are_checked(tmp_path):
 
 def test_shipped_target_gets_the_shipped_drafter():
     from sgl_spec.config import SpecConfig
-    from sgl_spec.model_defaults import fill_specblock_defaults
+    from sgl_spec.model_defaults import SPECBLOCK_SHIPPED_MAX_NODES, fill_specblock_defaults
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
     from sgl_spec.specblock.algorithm import check_launch_args, load_settings
 
     argv = ["--model-path", DEFAULT_TARGET, "--speculative-algorithm", "SPECBLOCK"]
     filled = fill_specblock_defaults(SpecConfig(), argv)
     assert filled.specblock_drafter_path == DEFAULT_SPECBLOCK_DRAFTER
+    assert filled.specblock_max_nodes == SPECBLOCK_SHIPPED_MAX_NODES  # measured best here
+    assert filled.specblock_m is None  # the generic default
+    assert load_settings(filled).draft.max_nodes == SPECBLOCK_SHIPPED_MAX_NODES
+    budget = fill_specblock_defaults(SpecConfig(specblock_max_nodes=24), argv)
+    assert budget.specblock_max_nodes == 24  # user flags win
     # the shipped drafter loads and fits the shipped target
     settings = load_settings(filled)
     assert settings.block_size > 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sgl_spec.config import SpecConfig
+from sgl_spec.config import SPECBLOCK_DEFAULT_M, SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
 from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
 from sgl_spec.specblock.adapt import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
@@ -34,6 +34,13 @@ class SpecBlockSettings:
     @property
     def max_depth(self) -> int:
         return self.draft.max_depth(self.block_size)
+
+    @property
+    def verify_depth(self) -> int:
+        """Deepest node a verified tree can hold: M*K, or fewer when the node budget is
+        smaller (a tree of N nodes is at most N - 1 deep). SGLang sizes the accepted path
+        (``speculative_num_steps + 1``) from it, and it must fit the verify width."""
+        return min(self.max_depth, self.draft.max_nodes - 1)
 
 
 def resolve_drafter_path(value: str | None) -> str:
@@ -99,9 +106,13 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
             f" {drafter_config.block_size} ({path})"
         )
     draft = DraftSettings(
-        num_blocks=config.specblock_m,
+        num_blocks=SPECBLOCK_DEFAULT_M if config.specblock_m is None else config.specblock_m,
         bucket_map=config.specblock_bucket_map,
-        max_nodes=config.specblock_max_nodes,
+        max_nodes=(
+            SPECBLOCK_DEFAULT_MAX_NODES
+            if config.specblock_max_nodes is None
+            else config.specblock_max_nodes
+        ),
         use_rank_head=config.specblock_rank_head == "on",
     )
     adapt = None
@@ -128,7 +139,7 @@ class SpecBlockSpecAlgo(OwnDraftStateSpecAlgo):
         require_single_rank("SPECBLOCK", server_args)
         if server_args.model_path is not None:
             _check_model_dir(settings.drafter_path, server_args.model_path)
-        server_args.speculative_num_steps = settings.max_depth
+        server_args.speculative_num_steps = settings.verify_depth
         server_args.speculative_eagle_topk = 1
         server_args.speculative_num_draft_tokens = settings.draft.max_nodes
         if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:

@@ -83,7 +83,7 @@ class SpecBlockWorker(BaseSpecWorker):
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
         # Read by SGLang's speculative infrastructure.
-        self.speculative_num_steps = settings.max_depth
+        self.speculative_num_steps = settings.verify_depth
         self.speculative_num_draft_tokens = self.draft_settings.max_nodes
         self.topk = 1
 
@@ -278,7 +278,7 @@ class SpecBlockWorker(BaseSpecWorker):
             retrieve_next_token=packed.retrieve_next_token.to(dev),
             retrieve_next_sibling=packed.retrieve_next_sibling.to(dev),
             retrieve_cum_len=None,
-            spec_steps=self.settings.max_depth,
+            spec_steps=self.settings.verify_depth,
             topk=-1,
             draft_token_num=width,
             capture_hidden_mode=CaptureHiddenMode.FULL,

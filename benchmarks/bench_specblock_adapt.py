@@ -3,16 +3,18 @@ prompt stream from a domain the drafter was not trained on, in one run.
 
 The stream is natural-language text built locally (no downloads): excerpts of the license texts
 under ``/usr/share/common-licenses`` and of the installed packages' license files, falling back
-to a seeded generator of English sentences. The same stream is served twice, one server at a
-time (a 2-core host cannot run two fairly): SPECBLOCK as given, then the same flags plus
-``--specblock-adapt``. Requests are sent one after another (batch size 1, as the paper
-measures), so every request is one *query* of the bandit.
+to a seeded generator of English sentences. The same stream is served ``2 * --rounds`` times,
+one fresh server at a time (a 2-core host cannot run two fairly): SPECBLOCK as given
+(*no-adapt*) and the same flags plus ``--specblock-adapt`` (*adapt*, starting from the shipped
+weights each time), in the order no-adapt, adapt, adapt, no-adapt, ... so that a host whose
+speed drifts during the run favours neither. Requests are sent one after another (batch size 1,
+as the paper measures), so every request is one *query* of the bandit.
 
-Prints, per window of ``--window`` queries: the mean acceptance length tau of each run and the
-throughput ratio adapt / no-adapt (output tokens per second of wall time over the window);
-then the totals, whether the greedy outputs are identical (they must be: adaptation only changes
-drafts), and the adapt server's last SPECBLOCK metrics line (bandit counts, v_head/v_full,
-updates, rollbacks).
+Prints, per window of ``--window`` queries: the mean acceptance length tau of each kind of run
+(over its rounds) and the throughput ratio adapt / no-adapt (output tokens per second of the
+queries' wall time, pooled over the rounds); then the totals, each run's own totals, whether
+all greedy outputs are identical (they must be: adaptation only changes drafts), and each
+adapt server's last SPECBLOCK metrics line (bandit counts, v_head/v_full, updates, rollbacks).
 
     python benchmarks/bench_specblock_adapt.py --model-path TARGET \\
         --specblock-drafter-path DRAFTER --num-prompts 400 --max-new-tokens 256 [SERVER FLAGS]
@@ -100,24 +102,38 @@ def serve_stream(flags: list[str], prompts: list[str], args: argparse.Namespace,
     return records, (lines[-1] if lines else "")
 
 
-def window_table(base: list, adapt: list, window: int) -> list[dict]:
-    """Per window of queries: mean tau of each run and the adapt / no-adapt throughput ratio."""
+def _pooled(runs: list[list]) -> tuple[float, float]:
+    """(mean tau, output tokens per second of wall time) over the queries of ``runs``."""
+    queries = [r for run in runs for r in run]
+    tokens = sum(len(r[0]) for r in queries)
+    seconds = sum(r[2] for r in queries)
+    return statistics.fmean(r[1] or 1.0 for r in queries), tokens / max(seconds, 1e-9)
+
+
+def window_table(base: list[list], adapt: list[list], window: int) -> list[dict]:
+    """Per window of queries: the mean tau of each kind of run and the adapt / no-adapt
+    throughput ratio, each pooled over that kind's runs (one list of records per run)."""
     rows = []
-    for start in range(0, len(base), window):
-        b, a = base[start : start + window], adapt[start : start + window]
-        tps = [sum(len(r[0]) for r in run) / max(sum(r[2] for r in run), 1e-9) for run in (b, a)]
-        taus = [statistics.fmean(r[1] or 1.0 for r in run) for run in (b, a)]
+    for start in range(0, len(base[0]), window):
+        b = [run[start : start + window] for run in base]
+        a = [run[start : start + window] for run in adapt]
+        (tau_b, tp_b), (tau_a, tp_a) = _pooled(b), _pooled(a)
         rows.append(
             {
-                "queries": f"{start}-{start + len(b) - 1}",
-                "tau_no_adapt": taus[0],
-                "tau_adapt": taus[1],
-                "tp_no_adapt": tps[0],
-                "tp_adapt": tps[1],
-                "tp_ratio": tps[1] / max(tps[0], 1e-9),
+                "queries": f"{start}-{start + len(b[0]) - 1}",
+                "tau_no_adapt": tau_b,
+                "tau_adapt": tau_a,
+                "tp_no_adapt": tp_b,
+                "tp_adapt": tp_a,
+                "tp_ratio": tp_a / max(tp_b, 1e-9),
             }
         )
     return rows
+
+
+def run_order(rounds: int) -> list[bool]:
+    """Which runs use ``--specblock-adapt``: no-adapt, adapt, then mirrored (ABBA...)."""
+    return [bool((i + i // 2) % 2) for i in range(2 * rounds)]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -126,13 +142,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--prompt-chars", type=int, default=600)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--window", type=int, default=20, help="queries per reported window")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="runs of each kind, in ABBA order (default 2)"
+    )
     parser.add_argument("--adapt-options", default=None, help="--specblock-adapt-options value")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--json", default=None, help="write the results here")
     args, extra = parser.parse_known_args(argv)
-    if min(args.num_prompts, args.prompt_chars, args.max_new_tokens, args.window) < 1:
-        parser.error("--num-prompts, --prompt-chars, --max-new-tokens, --window must be >= 1")
+    sizes = (args.num_prompts, args.prompt_chars, args.max_new_tokens, args.window, args.rounds)
+    if min(sizes) < 1:
+        parser.error(
+            "--num-prompts, --prompt-chars, --max-new-tokens, --window, --rounds must be >= 1"
+        )
     if "--specblock-drafter-path" not in extra or "--model-path" not in extra:
         parser.error("pass the server's --model-path and --specblock-drafter-path")
     if "--specblock-adapt" in extra:
@@ -150,8 +172,21 @@ def main(argv: list[str]) -> int:
     if args.adapt_options:
         adapt_flags += ["--specblock-adapt-options", args.adapt_options]
     print(f"{len(prompts)} natural-language prompts; logs in {log_dir}", flush=True)
-    base, _ = serve_stream(base_flags, prompts, args, log_dir / "no_adapt.log")
-    adapt, metrics = serve_stream(adapt_flags, prompts, args, log_dir / "adapt.log")
+    base: list[list] = []
+    adapt: list[list] = []
+    metrics: list[str] = []
+    per_run = []
+    for i, use_adapt in enumerate(run_order(args.rounds)):
+        name = f"{i}_{'adapt' if use_adapt else 'no_adapt'}"
+        records, line = serve_stream(
+            adapt_flags if use_adapt else base_flags, prompts, args, log_dir / f"{name}.log"
+        )
+        (adapt if use_adapt else base).append(records)
+        if use_adapt:
+            metrics.append(line)
+        tau, tp = _pooled([records])
+        per_run.append({"run": name, "tau": tau, "tp": tp})
+        print(f"run {name}: tau {tau:.3f}, {tp:.1f} tok/s", flush=True)
     rows = window_table(base, adapt, args.window)
     print(f"{'queries':>12} {'tau no-adapt':>12} {'tau adapt':>10} {'tp ratio':>9}")
     for row in rows:
@@ -159,16 +194,25 @@ def main(argv: list[str]) -> int:
             f"{row['queries']:>12} {row['tau_no_adapt']:>12.3f} {row['tau_adapt']:>10.3f}"
             f" {row['tp_ratio']:>9.3f}"
         )
-    total = window_table(base, adapt, len(base))[0]
-    same = [r[0] for r in base] == [r[0] for r in adapt]
+    total = window_table(base, adapt, len(prompts))[0]
+    outputs = [[r[0] for r in run] for run in base + adapt]
+    same = all(o == outputs[0] for o in outputs)
     print(
         f"total: tau {total['tau_no_adapt']:.3f} -> {total['tau_adapt']:.3f},"
         f" throughput {total['tp_no_adapt']:.1f} -> {total['tp_adapt']:.1f} tok/s"
         f" (ratio {total['tp_ratio']:.3f}); greedy outputs identical: {same}"
     )
-    print(f"adapt server: {metrics}")
+    for line in metrics:
+        print(f"adapt server: {line}")
     if args.json:
-        result = {"windows": rows, "total": total, "identical": same, "metrics": metrics}
+        result = {
+            "command": " ".join(sys.argv),
+            "windows": rows,
+            "total": total,
+            "runs": per_run,
+            "identical": same,
+            "metrics": metrics,
+        }
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if same else 1
 

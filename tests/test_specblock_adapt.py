@@ -23,7 +23,7 @@ from sgl_spec.specblock.adapt import (
     ewma,
     rejection_signal,
 )
-from sgl_spec.specblock.adapt_serving import OnlineAdapter, rejected_prob
+from sgl_spec.specblock.adapt_serving import OnlineAdapter, _Query, rejected_prob
 from sgl_spec.specblock.adapt_train import (
     BackgroundTrainer,
     DrafterCopies,
@@ -390,9 +390,51 @@ def test_bench_stream_and_windows():
     assert not any("def " in p or "import " in p for p in stream)
     base = [([1] * 10, 2.0, 1.0), ([1] * 10, 2.0, 1.0), ([1] * 4, 1.0, 1.0)]
     adapt = [([1] * 10, 3.0, 0.5), ([1] * 10, 3.0, 1.5), ([1] * 4, 1.0, 2.0)]
-    rows = bench.window_table(base, adapt, 2)
+    rows = bench.window_table([base], [adapt], 2)
     assert [r["queries"] for r in rows] == ["0-1", "2-2"]
     assert rows[0]["tau_adapt"] == 3.0 and rows[0]["tp_ratio"] == pytest.approx(1.0)
     assert rows[1]["tp_ratio"] == pytest.approx(0.5)
+    # two runs of each kind pool their queries: tokens over seconds, tau over queries
+    slow = [([1] * 10, 1.0, 4.0), ([1] * 10, 1.0, 4.0), ([1] * 4, 1.0, 4.0)]
+    rows = bench.window_table([base, slow], [adapt, adapt], 2)
+    assert rows[0]["tau_no_adapt"] == pytest.approx(1.5)
+    assert rows[0]["tp_no_adapt"] == pytest.approx(40 / 10)
+    assert rows[0]["tp_ratio"] == pytest.approx((40 / 4) / (40 / 10))
+    assert bench.run_order(1) == [False, True]
+    assert bench.run_order(2) == [False, True, True, False]
+    assert bench.run_order(3)[4:] == [False, True]
     with pytest.raises(SystemExit):
         bench.parse_args(["--model-path", "m"])  # no drafter
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0", "--model-path", "m", "--specblock-drafter-path", "d"])
+
+
+def test_offline_bench_cuts_the_windows_the_serving_adapter_cuts():
+    """``specblock_adapt_offline.query_examples`` claims to train on what serving trains on:
+    the same windows as ``OnlineAdapter`` cuts from a query committed a few tokens a step."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import specblock_adapt_offline as offline
+
+    model = specblock_drafter(seed=2)
+    cfg = _cfg(window=4, max_examples_per_query=3)
+    adapter = OnlineAdapter(model, cfg)
+    gen = torch.Generator().manual_seed(1)
+    first, total = 5, 5 + 37
+    tokens = torch.randint(0, V, (total,), generator=gen)
+    feats = torch.randn(total, 3 * D, generator=gen)
+    query = _Query(first)
+    pos = first
+    for n in (1, 3, 2, 4, 1, 4, 4, 2, 3, 4, 4, 5):  # accepted tokens per verify
+        n = min(n, total - pos)
+        adapter._extend_history(query, feats[pos : pos + n], tokens[pos : pos + n].tolist())
+        pos += n
+    assert pos == total
+    expected = offline.query_examples(feats, tokens, first, cfg, K)
+    assert len(query.examples) == len(expected) == 3
+    for got, want in zip(query.examples, expected, strict=True):
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.features, want.features)
+        assert got.num_starts == want.num_starts == cfg.window
+    adapter.close()

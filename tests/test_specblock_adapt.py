@@ -6,6 +6,8 @@ query tracking on constructed verify outcomes."""
 from __future__ import annotations
 
 import math
+import os
+import threading
 
 import pytest
 import torch
@@ -292,6 +294,22 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
     assert action is Action.HEAD and loss is not None and copies.version == 1
     with pytest.raises(ValueError, match="num_starts"):
         TrainExample(torch.zeros(4, 3 * D), torch.zeros(4, dtype=torch.long), 4)
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
+def test_cpu_trainer_thread_runs_at_lowered_priority():
+    """Serving keeps the cores: the training thread (and so the OpenMP workers it starts)
+    runs ``trainer_nice`` above the serving thread's niceness; 0 leaves it alone."""
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for nice, want in ((7, min(mine + 7, 19)), (0, mine)):
+        copies = DrafterCopies(specblock_drafter(seed=4), AdaptConfig(trainer_nice=nice))
+        trainer = BackgroundTrainer(copies)
+        assert trainer.started.wait(30)
+        assert os.getpriority(os.PRIO_PROCESS, trainer.thread.native_id) == want
+        trainer.close()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    with pytest.raises(ValueError, match="trainer_nice"):
+        AdaptConfig(trainer_nice=20)
 
 
 # ---- serving glue -----------------------------------------------------------------------------

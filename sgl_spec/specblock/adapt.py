@@ -61,6 +61,7 @@ class AdaptConfig:
     steps_per_update: int = 2  # (ours): optimizer steps per update (small: CPU hosts share cores)
     window: int = 16  # (ours): block starts per training example
     max_examples_per_query: int = 8  # (ours): newest examples a query contributes
+    trainer_nice: int = 10  # (ours): CPU only, niceness added to the training thread (0: off)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -71,6 +72,8 @@ class AdaptConfig:
         for name in ("measure_queries", "buffer_queries", "steps_per_update", "window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"adapt option {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.trainer_nice <= 19:
+            raise ValueError(f"adapt option trainer_nice must be in 0..19, got {self.trainer_nice}")
         if self.max_examples_per_query < 1:
             raise ValueError("adapt option max_examples_per_query must be >= 1")
         if not 0.0 <= self.eps_end <= self.eps_start <= 1.0:

@@ -14,8 +14,11 @@ control", Algorithm 1 lines 14-16 and 23, App. A.3). No SGLang import.
   move into ``theta_inf`` only in ``sync``, called by the serving thread between decode steps,
   so a draft never reads half-copied weights.
 - ``BackgroundTrainer``: one daemon thread running updates on ``theta_train``. On a CPU host it
-  competes with serving for the same cores (torch's intra-op pool is process-wide), which is
-  why an update is a couple of optimizer steps over a few short windows (``AdaptConfig``).
+  competes with serving for the same cores, which is why an update is a couple of optimizer
+  steps over a few short windows (``AdaptConfig``), and why the thread lowers its own
+  scheduling priority (``trainer_nice``; Linux niceness is per thread and the OpenMP workers
+  it starts inherit it): serving keeps the cores and the update runs in what it leaves, the
+  CPU counterpart of the paper's separate training stream.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -200,8 +204,21 @@ class BackgroundTrainer:
         self.copies = copies
         self.jobs: queue.Queue[tuple[Action, list[TrainExample]] | None] = queue.Queue()
         self.results: queue.Queue[tuple[Action, float | None]] = queue.Queue()
+        self.started = threading.Event()  # set once the thread has set its priority
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
         self.thread.start()
+
+    def _lower_priority(self, device: torch.device) -> None:
+        """CPU: raise this thread's niceness by ``trainer_nice`` (module docstring)."""
+        nice = self.copies.cfg.trainer_nice
+        if device.type != "cpu" or nice <= 0 or not hasattr(os, "setpriority"):
+            return
+        try:
+            tid = threading.get_native_id()
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(current + nice, 19))
+        except OSError as err:
+            logger.warning("SPECBLOCK adapt: could not lower the trainer's priority: %s", err)
 
     def submit(self, action: Action, examples: list[TrainExample]) -> None:
         self.jobs.put((action, examples))
@@ -212,6 +229,8 @@ class BackgroundTrainer:
         # it before the version is published, so a sync on the serving stream reads final
         # weights; on CPU this is a plain thread sharing the cores.
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._lower_priority(device)
+        self.started.set()
         while (job := self.jobs.get()) is not None:
             action, examples = job
             try:

@@ -297,16 +297,23 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
-def test_cpu_trainer_thread_runs_at_lowered_priority():
-    """Serving keeps the cores: the training thread (and so the OpenMP workers it starts)
-    runs ``trainer_nice`` above the serving thread's niceness; 0 leaves it alone."""
+def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority():
+    """Serving keeps the cores: the training thread runs one intra-op thread and
+    ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone); the
+    serving thread keeps its own thread count and niceness."""
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    for nice, want in ((7, min(mine + 7, 19)), (0, mine)):
-        copies = DrafterCopies(specblock_drafter(seed=4), AdaptConfig(trainer_nice=nice))
-        trainer = BackgroundTrainer(copies)
-        assert trainer.started.wait(30)
-        assert os.getpriority(os.PRIO_PROCESS, trainer.thread.native_id) == want
-        trainer.close()
+    torch.set_num_threads(2)
+    try:
+        for nice, want in ((7, min(mine + 7, 19)), (0, mine)):
+            copies = DrafterCopies(specblock_drafter(seed=4), AdaptConfig(trainer_nice=nice))
+            trainer = BackgroundTrainer(copies)
+            assert trainer.started.wait(30)
+            assert os.getpriority(os.PRIO_PROCESS, trainer.thread.native_id) == want
+            assert trainer.num_threads == 1
+            trainer.close()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
     with pytest.raises(ValueError, match="trainer_nice"):
         AdaptConfig(trainer_nice=20)

@@ -15,10 +15,16 @@ control", Algorithm 1 lines 14-16 and 23, App. A.3). No SGLang import.
   so a draft never reads half-copied weights.
 - ``BackgroundTrainer``: one daemon thread running updates on ``theta_train``. On a CPU host it
   competes with serving for the same cores, which is why an update is a couple of optimizer
-  steps over a few short windows (``AdaptConfig``), and why the thread lowers its own
-  scheduling priority (``trainer_nice``; Linux niceness is per thread and the OpenMP workers
-  it starts inherit it): serving keeps the cores and the update runs in what it leaves, the
-  CPU counterpart of the paper's separate training stream.
+  steps over a few short windows (``AdaptConfig``). The thread also runs single-threaded
+  (``torch.set_num_threads(1)`` from it: OpenMP's thread count is per calling thread) and
+  lowers its own scheduling priority (``trainer_nice``; Linux niceness is per thread): serving
+  keeps the cores and the update runs in what it leaves, the CPU counterpart of the paper's
+  separate training stream. Both matter, measured on a 2-core host: a 2-thread OpenMP team
+  in the trainer makes GNU OpenMP see more threads than cores and throttle the spin-wait of
+  *every* team, serving's included -- serving steps were ~40% slower for the rest of the run,
+  niceness or not -- and a single un-niced thread still preempts serving's workers.
+  (``set_num_threads`` also lowers the count threads created later start with; serving's
+  existing threads keep theirs.)
 """
 
 from __future__ import annotations
@@ -205,13 +211,17 @@ class BackgroundTrainer:
         self.jobs: queue.Queue[tuple[Action, list[TrainExample]] | None] = queue.Queue()
         self.results: queue.Queue[tuple[Action, float | None]] = queue.Queue()
         self.started = threading.Event()  # set once the thread has set its priority
+        self.num_threads = 0  # the trainer thread's intra-op threads, once started
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
         self.thread.start()
 
-    def _lower_priority(self, device: torch.device) -> None:
-        """CPU: raise this thread's niceness by ``trainer_nice`` (module docstring)."""
+    def _cpu_thread_setup(self, device: torch.device) -> None:
+        """CPU: one intra-op thread, niceness raised by ``trainer_nice`` (module docstring)."""
+        if device.type != "cpu":
+            return
+        torch.set_num_threads(1)
         nice = self.copies.cfg.trainer_nice
-        if device.type != "cpu" or nice <= 0 or not hasattr(os, "setpriority"):
+        if nice <= 0 or not hasattr(os, "setpriority"):
             return
         try:
             tid = threading.get_native_id()
@@ -229,7 +239,8 @@ class BackgroundTrainer:
         # it before the version is published, so a sync on the serving stream reads final
         # weights; on CPU this is a plain thread sharing the cores.
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._lower_priority(device)
+        self._cpu_thread_setup(device)
+        self.num_threads = torch.get_num_threads()
         self.started.set()
         while (job := self.jobs.get()) is not None:
             action, examples = job

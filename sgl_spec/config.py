@@ -19,6 +19,10 @@ SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}
 MAX_SPECBLOCK_NODES = 256
 SPECBLOCK_DEFAULT_M = 2  # tree blocks per iteration (paper §4.1 setting)
 SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
+# On the shipped target + drafters (filled by ``model_defaults``; benchmarks/RESULTS.md, session
+# 12, 2-core CPU): a verified tree costs about linearly in its nodes here, and 8 nodes beat 16
+# and 32 (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
+SPECBLOCK_SHIPPED_MAX_NODES = 8
 MINEDRAFT_DRAFTERS = ("model", "specblock")
 
 
@@ -35,11 +39,10 @@ class SpecConfig:
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
     specblock_drafter_path: str | None = None  # --specblock-drafter-path: drafter directory
     specblock_k: int | None = None  # --specblock-k: positions used per block (<= drafter's K)
-    # --specblock-m: tree blocks (drafter forwards) per iteration; None: SPECBLOCK_DEFAULT_M,
-    # or the measured best on the shipped models (``model_defaults``)
-    specblock_m: int | None = None
+    specblock_m: int = SPECBLOCK_DEFAULT_M  # --specblock-m: tree blocks per iteration
     specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
-    # --specblock-max-nodes: verified tree nodes per request; None as for specblock_m
+    # --specblock-max-nodes: verified tree nodes per request; None: SPECBLOCK_DEFAULT_MAX_NODES,
+    # or SPECBLOCK_SHIPPED_MAX_NODES on the shipped target (``model_defaults``)
     specblock_max_nodes: int | None = None
     specblock_rank_head: str = "on"  # --specblock-rank-head: off = fixed top-2 trees
     specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
@@ -177,9 +180,9 @@ class SpecConfig:
         group.add_argument(
             "--specblock-m",
             dest="specblock_m",
-            default=None,
+            default=str(SPECBLOCK_DEFAULT_M),
             help="SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default"
-            f" {SPECBLOCK_DEFAULT_M}; the measured best on the shipped models).",
+            f" {SPECBLOCK_DEFAULT_M}).",
         )
         group.add_argument(
             "--specblock-branching",
@@ -193,7 +196,8 @@ class SpecConfig:
             dest="specblock_max_nodes",
             default=None,
             help="SPECBLOCK: tree nodes verified per request, root included (default"
-            f" {SPECBLOCK_DEFAULT_MAX_NODES}; the measured best on the shipped models).",
+            f" {SPECBLOCK_DEFAULT_MAX_NODES}; {SPECBLOCK_SHIPPED_MAX_NODES} on the shipped target,"
+            " the measured best there).",
         )
         group.add_argument(
             "--specblock-rank-head",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sgl_spec.argv import flag_value, set_flag_value
-from sgl_spec.config import ConfigError, SpecConfig
+from sgl_spec.config import SPECBLOCK_SHIPPED_MAX_NODES, ConfigError, SpecConfig
 
 PATH_FLAGS = ("--model-path", "--speculative-draft-model-path", "--tokenizer-path")
 DEFAULT_ALGORITHM = "STANDALONE"
@@ -31,10 +31,6 @@ MINEDRAFT_DEFAULTS = {"--speculative-num-steps": "3"}
 # plain decoding on the CPU hosts measured; the controller keeps drafts off there (0.88-1.03x of
 # plain decoding) and turns them on where a step with drafts is cheap enough to pay.
 MTP_DEFAULT_K = "auto"
-# Measured on the shipped target + drafters (benchmarks/RESULTS.md, session 12, 2-core CPU): a
-# verified tree costs about linearly in its nodes here, and 8 nodes beat 16 and 32
-# (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
-SPECBLOCK_SHIPPED_MAX_NODES = 8
 
 
 def looks_like_hub_id(value: str) -> bool:

@@ -280,8 +280,8 @@ def test_settings_and_target_fit_are_checked(tmp_path):
 
 
 def test_shipped_target_gets_the_shipped_drafter():
-    from sgl_spec.config import SpecConfig
-    from sgl_spec.model_defaults import SPECBLOCK_SHIPPED_MAX_NODES, fill_specblock_defaults
+    from sgl_spec.config import SPECBLOCK_DEFAULT_M, SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
+    from sgl_spec.model_defaults import fill_specblock_defaults
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
     from sgl_spec.specblock.algorithm import check_launch_args, load_settings
 
@@ -289,7 +289,7 @@ def test_shipped_target_gets_the_shipped_drafter():
     filled = fill_specblock_defaults(SpecConfig(), argv)
     assert filled.specblock_drafter_path == DEFAULT_SPECBLOCK_DRAFTER
     assert filled.specblock_max_nodes == SPECBLOCK_SHIPPED_MAX_NODES  # measured best here
-    assert filled.specblock_m is None  # the generic default
+    assert filled.specblock_m == SPECBLOCK_DEFAULT_M  # the generic default
     assert load_settings(filled).draft.max_nodes == SPECBLOCK_SHIPPED_MAX_NODES
     budget = fill_specblock_defaults(SpecConfig(specblock_max_nodes=24), argv)
     assert budget.specblock_max_nodes == 24  # user flags win

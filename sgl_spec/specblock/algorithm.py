@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sgl_spec.config import SPECBLOCK_DEFAULT_M, SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
+from sgl_spec.config import SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
 from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
 from sgl_spec.specblock.adapt import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
@@ -106,7 +106,7 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
             f" {drafter_config.block_size} ({path})"
         )
     draft = DraftSettings(
-        num_blocks=SPECBLOCK_DEFAULT_M if config.specblock_m is None else config.specblock_m,
+        num_blocks=config.specblock_m,
         bucket_map=config.specblock_bucket_map,
         max_nodes=(
             SPECBLOCK_DEFAULT_MAX_NODES

@@ -33,7 +33,11 @@ from bench_specblock_adapt import build_stream  # noqa: E402
 from sgl_spec.models.evaluate import greedy_continuation  # noqa: E402
 from sgl_spec.models.registry import resolve_model_path  # noqa: E402
 from sgl_spec.specblock.adapt import Action, AdaptConfig  # noqa: E402
-from sgl_spec.specblock.adapt_train import DrafterCopies, TrainExample  # noqa: E402
+from sgl_spec.specblock.adapt_train import (  # noqa: E402
+    DrafterCopies,
+    TrainExample,
+    cut_windows,
+)
 from sgl_spec.specblock.data import aux_hidden_states  # noqa: E402
 from sgl_spec.specblock.evaluate import chain_acceptance  # noqa: E402
 from sgl_spec.specblock.model import SpecBlockDrafter  # noqa: E402
@@ -48,14 +52,8 @@ def query_examples(
     block_size: int,
 ) -> list[TrainExample]:
     """The windows the serving adapter cuts from one query's committed positions."""
-    span = cfg.window + block_size
-    out = []
-    start = first
-    while start + span <= tokens.shape[0]:
-        stop = start + span
-        out.append(TrainExample(features[start:stop], tokens[start:stop], cfg.window))
-        start += cfg.window
-    return out[-cfg.max_examples_per_query :]
+    windows, _ = cut_windows(features[first:], tokens[first:], cfg.window, block_size)
+    return windows[-cfg.max_examples_per_query :]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

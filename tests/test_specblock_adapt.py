@@ -31,6 +31,7 @@ from sgl_spec.specblock.adapt_train import (
     DrafterCopies,
     TrainExample,
     adapt_loss,
+    cut_windows,
 )
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, grow_trees
 from sgl_spec.specblock.losses import target_to_draft_map
@@ -432,6 +433,18 @@ def test_bench_stream_and_windows():
         bench.parse_args(["--model-path", "m"])  # no drafter
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0", "--model-path", "m", "--specblock-drafter-path", "d"])
+
+
+def test_cut_windows_starts_one_every_w_positions_and_returns_the_tail():
+    tokens = torch.arange(20)
+    feats = torch.arange(20.0).unsqueeze(1).expand(20, 3)
+    windows, rest = cut_windows(feats, tokens, window=4, block_size=3)  # span 7
+    assert [w.tokens.tolist() for w in windows] == [list(range(s, s + 7)) for s in (0, 4, 8, 12)]
+    assert all(
+        w.num_starts == 4 and torch.equal(w.features[:, 0], w.tokens.float()) for w in windows
+    )
+    assert rest == 16  # 16..19: too short for a window; a stream keeps it
+    assert cut_windows(feats[:6], tokens[:6], window=4, block_size=3) == ([], 0)
 
 
 def test_offline_bench_cuts_the_windows_the_serving_adapter_cuts():

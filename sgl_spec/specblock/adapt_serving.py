@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from sgl_spec.specblock.adapt import Action, AdaptConfig, CostAwareBandit, Mark
-from sgl_spec.specblock.adapt_train import BackgroundTrainer, DrafterCopies, TrainExample
+from sgl_spec.specblock.adapt_train import (
+    BackgroundTrainer,
+    DrafterCopies,
+    TrainExample,
+    cut_windows,
+)
 from sgl_spec.specblock.losses import target_to_draft_map
 from sgl_spec.specblock.model import SpecBlockDrafter
 
@@ -137,16 +142,14 @@ class OnlineAdapter:
         complete and keep its last ``K`` (the labels of the next window's first starts)."""
         query.features.append(features)
         query.tokens.extend(tokens)
-        span = self.cfg.window + self.block_size
-        if len(query.tokens) < span:
+        if len(query.tokens) < self.cfg.window + self.block_size:
             return
         stacked = torch.cat(query.features)
-        while stacked.shape[0] >= span:
-            query.examples.append(
-                TrainExample(stacked[:span], torch.tensor(query.tokens[:span]), self.cfg.window)
-            )
-            stacked, query.tokens = stacked[self.cfg.window :], query.tokens[self.cfg.window :]
-        query.features = [stacked]
+        windows, rest = cut_windows(
+            stacked, torch.tensor(query.tokens), self.cfg.window, self.block_size
+        )
+        query.examples.extend(windows)
+        query.features, query.tokens = [stacked[rest:]], query.tokens[rest:]
         del query.examples[: -self.cfg.max_examples_per_query]
 
     def _finish(self, query: _Query, now: float) -> None:

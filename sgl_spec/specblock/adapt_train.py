@@ -64,6 +64,27 @@ class TrainExample:
             )
 
 
+def cut_windows(
+    features: torch.Tensor,  # [T, F] target features of committed positions
+    tokens: torch.Tensor,  # [T] committed token ids
+    window: int,  # W
+    block_size: int,  # K
+) -> tuple[list[TrainExample], int]:
+    """Cut ``TrainExample`` windows of ``W + K`` positions, one starting every ``W`` positions
+    (the last ``K`` of a window only label its blocks, and are the next window's first
+    starts). Returns the windows and the position where the uncut tail begins: what a stream
+    keeps to cut more from once further positions arrive."""
+    span = window + block_size
+    out = []
+    start = 0
+    while start + span <= tokens.shape[0]:
+        out.append(
+            TrainExample(features[start : start + span], tokens[start : start + span], window)
+        )
+        start += window
+    return out, start
+
+
 @dataclass
 class AdaptLoss:
     total: torch.Tensor  # scalar

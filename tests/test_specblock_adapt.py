@@ -298,10 +298,11 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
-def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority():
+def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  # noqa: ANN001
     """Serving keeps the cores: the training thread runs one intra-op thread and
-    ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone); the
-    serving thread keeps its own thread count and niceness."""
+    ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone), and
+    logs both; the serving thread keeps its own thread count and niceness."""
+    caplog.set_level("INFO", logger="sgl_spec.specblock.adapt_train")
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     torch.set_num_threads(2)
     try:
@@ -311,7 +312,9 @@ def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority():
             assert trainer.started.wait(30)
             assert os.getpriority(os.PRIO_PROCESS, trainer.thread.native_id) == want
             assert trainer.num_threads == 1
+            assert f"cpu, 1 intra-op thread(s), niceness {want}" in caplog.text
             trainer.close()
+            caplog.clear()
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)

@@ -232,7 +232,7 @@ class BackgroundTrainer:
         self.jobs: queue.Queue[tuple[Action, list[TrainExample]] | None] = queue.Queue()
         self.results: queue.Queue[tuple[Action, float | None]] = queue.Queue()
         self.started = threading.Event()  # set once the thread has set its priority
-        self.num_threads = 0  # the trainer thread's intra-op threads, once started
+        self.num_threads = 0  # the trainer thread's intra-op threads, once started (logged)
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
         self.thread.start()
 
@@ -262,6 +262,14 @@ class BackgroundTrainer:
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._cpu_thread_setup(device)
         self.num_threads = torch.get_num_threads()
+        logger.info(
+            "SPECBLOCK adapt: trainer thread on %s, %d intra-op thread(s), niceness %s",
+            device,
+            self.num_threads,
+            os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            if hasattr(os, "getpriority")
+            else "n/a",
+        )
         self.started.set()
         while (job := self.jobs.get()) is not None:
             action, examples = job

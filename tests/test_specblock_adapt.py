@@ -298,6 +298,10 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
+def _append_num_threads(out: list[int]) -> None:
+    out.append(torch.get_num_threads())
+
+
 def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  # noqa: ANN001
     """Serving keeps the cores: the training thread runs one intra-op thread and
     ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone), and
@@ -312,6 +316,11 @@ def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  #
             assert trainer.started.wait(30)
             assert os.getpriority(os.PRIO_PROCESS, trainer.thread.native_id) == want
             assert trainer.num_threads == 1
+            seen: list[int] = []  # a thread started later keeps the default, not the trainer's 1
+            later = threading.Thread(target=_append_num_threads, args=(seen,))
+            later.start()
+            later.join()
+            assert seen == [2]
             assert f"cpu, 1 intra-op thread(s), niceness {want}" in caplog.text
             trainer.close()
             caplog.clear()

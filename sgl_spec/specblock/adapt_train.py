@@ -23,8 +23,9 @@ control", Algorithm 1 lines 14-16 and 23, App. A.3). No SGLang import.
   in the trainer makes GNU OpenMP see more threads than cores and throttle the spin-wait of
   *every* team, serving's included -- serving steps were ~40% slower for the rest of the run,
   niceness or not -- and a single un-niced thread still preempts serving's workers.
-  (``set_num_threads`` also lowers the count threads created later start with; serving's
-  existing threads keep theirs.)
+  ``set_num_threads`` also sets the count that threads created later (and threads that have
+  not run a parallel op yet) start with, so the thread that starts the trainer fixes its own
+  count first and, once the trainer has fixed its own, sets the default back to it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.trainer import chain_forward
 
 logger = logging.getLogger(__name__)
+STARTUP_TIMEOUT_S = 30.0  # the trainer thread fixing its thread count takes milliseconds
 HEAD_MODULES = ("lm_head", "rank_head")  # §3.4: the output-side pathway of the head action
 
 
@@ -234,7 +236,12 @@ class BackgroundTrainer:
         self.started = threading.Event()  # set once the thread has set its priority
         self.num_threads = 0  # the trainer thread's intra-op threads, once started (logged)
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
+        on_cpu = copies.train.d2t.device.type == "cpu"
+        caller_threads = torch.get_num_threads()  # fixes this thread's count (lazy init)
         self.thread.start()
+        if on_cpu:
+            self.started.wait(STARTUP_TIMEOUT_S)
+            torch.set_num_threads(caller_threads)  # the default again, not the trainer's 1
 
     def _cpu_thread_setup(self, device: torch.device) -> None:
         """CPU: one intra-op thread, niceness raised by ``trainer_nice`` (module docstring)."""
@@ -259,18 +266,20 @@ class BackgroundTrainer:
         # On CUDA the update runs on its own stream (the paper's "train stream") and finishes
         # it before the version is published, so a sync on the serving stream reads final
         # weights; on CPU this is a plain thread sharing the cores.
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._cpu_thread_setup(device)
-        self.num_threads = torch.get_num_threads()
-        logger.info(
-            "SPECBLOCK adapt: trainer thread on %s, %d intra-op thread(s), niceness %s",
-            device,
-            self.num_threads,
-            os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            if hasattr(os, "getpriority")
-            else "n/a",
-        )
-        self.started.set()
+        try:
+            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            self._cpu_thread_setup(device)
+            self.num_threads = torch.get_num_threads()  # also fixes it (lazy init)
+            logger.info(
+                "SPECBLOCK adapt: trainer thread on %s, %d intra-op thread(s), niceness %s",
+                device,
+                self.num_threads,
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+                if hasattr(os, "getpriority")
+                else "n/a",
+            )
+        finally:
+            self.started.set()
         while (job := self.jobs.get()) is not None:
             action, examples = job
             try:

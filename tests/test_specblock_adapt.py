@@ -297,11 +297,11 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
         TrainExample(torch.zeros(4, 3 * D), torch.zeros(4, dtype=torch.long), 4)
 
 
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
 def _append_num_threads(out: list[int]) -> None:
     out.append(torch.get_num_threads())
 
 
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
 def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  # noqa: ANN001
     """Serving keeps the cores: the training thread runs one intra-op thread and
     ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone), and

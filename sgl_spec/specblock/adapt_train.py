@@ -233,13 +233,14 @@ class BackgroundTrainer:
         self.copies = copies
         self.jobs: queue.Queue[tuple[Action, list[TrainExample]] | None] = queue.Queue()
         self.results: queue.Queue[tuple[Action, float | None]] = queue.Queue()
-        self.started = threading.Event()  # set once the thread has set its priority
+        self.device = copies.train.d2t.device
+        # set once the thread has set its thread count and priority (or failed to)
+        self.started = threading.Event()
         self.num_threads = 0  # the trainer thread's intra-op threads, once started (logged)
         self.thread = threading.Thread(target=self._run, name="specblock-adapt", daemon=True)
-        on_cpu = copies.train.d2t.device.type == "cpu"
         caller_threads = torch.get_num_threads()  # fixes this thread's count (lazy init)
         self.thread.start()
-        if on_cpu:
+        if self.device.type == "cpu":
             self.started.wait(STARTUP_TIMEOUT_S)
             torch.set_num_threads(caller_threads)  # the default again, not the trainer's 1
 
@@ -262,7 +263,7 @@ class BackgroundTrainer:
         self.jobs.put((action, examples))
 
     def _run(self) -> None:
-        device = self.copies.train.d2t.device
+        device = self.device
         # On CUDA the update runs on its own stream (the paper's "train stream") and finishes
         # it before the version is published, so a sync on the serving stream reads final
         # weights; on CPU this is a plain thread sharing the cores.

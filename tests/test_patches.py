@@ -141,3 +141,50 @@ def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> No
     monkeypatch.setenv(ENV_VAR, config.to_env())
     assert patch.feature_bytes_per_token(torch.bfloat16) == 3 * SPECBLOCK_D * 2
     assert patch.feature_bytes_per_token(torch.float32) == 3 * SPECBLOCK_D * 4
+
+
+def test_check_prompt_rejects_empty_and_out_of_vocabulary_ids() -> None:
+    import pytest
+
+    from sgl_spec.patches.prompt_validation import check_prompt
+
+    check_prompt([0, 4095], 4096)  # both ends of the vocabulary are fine
+    for ids, bad in (([1, 4096], 4096), ([99999, 2, -3], 99999), ([5, -1], -1)):
+        with pytest.raises(ValueError, match=rf"input_ids contains {bad}, outside .*\[0, 4096\)"):
+            check_prompt(ids, 4096)
+    for ids in ([], None):
+        with pytest.raises(ValueError, match=r"the prompt is empty \(0 tokens\)"):
+            check_prompt(ids, 4096)
+    check_prompt([], 4096, allow_empty=True)  # a session continuation extends earlier tokens
+    check_prompt([1, 10**9], 4096, check_ids=False)  # multimodal placeholder ids
+    check_prompt(None, 4096, num_embeds=3)  # input_embeds: the ids are placeholders
+    with pytest.raises(ValueError, match="empty"):
+        check_prompt(None, 4096, num_embeds=0)
+
+
+def test_prompt_validation_wraps_sglang_validation() -> None:
+    """The wrapper checks a real GenerateReqInput first and only then calls SGLang's own
+    validation; apply() is idempotent and leaves SGLang's method reachable."""
+    from types import SimpleNamespace
+
+    import pytest
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    from sgl_spec.patches import prompt_validation as patch
+
+    seen = []
+    validate = patch.validating(lambda self, obj, ids: seen.append(list(ids)))
+    manager = SimpleNamespace(model_config=SimpleNamespace(vocab_size=512))
+    validate(manager, GenerateReqInput(text="hi"), [5, 6])
+    with pytest.raises(ValueError, match="empty"):
+        validate(manager, GenerateReqInput(text=""), [])
+    with pytest.raises(ValueError, match="contains 512"):
+        validate(manager, GenerateReqInput(input_ids=[1, 512]), [1, 512])
+    assert seen == [[5, 6]]  # SGLang's validation ran only for the good request
+    validate(manager, GenerateReqInput(input_ids=[], session_params={"id": "s"}), [])
+
+    assert patch.apply() and patch.apply()
+    method = TokenizerManager._validate_one_request
+    assert method._sgl_spec_prompt_validation
+    assert not hasattr(method.__wrapped__, "_sgl_spec_prompt_validation")  # wrapped once

@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 def all_patches() -> list:
-    from sgl_spec.patches import cpu_spec_sampling, specblock_kv_budget
+    from sgl_spec.patches import cpu_spec_sampling, prompt_validation, specblock_kv_budget
 
-    return [cpu_spec_sampling, specblock_kv_budget]
+    return [cpu_spec_sampling, prompt_validation, specblock_kv_budget]
 
 
 def apply_patches(config: SpecConfig) -> list[str]:

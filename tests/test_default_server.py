@@ -4,6 +4,7 @@ speculative decoding (shipped draft) and continues held-out code plausibly."""
 from __future__ import annotations
 
 import pytest
+from invalid_prompts import assert_invalid_prompts_rejected
 from server_utils import Server
 
 HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
@@ -42,6 +43,12 @@ def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
         timeout=120,
     )
     assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.server
+def test_invalid_prompts_rejected_server_keeps_serving(default_server) -> None:  # noqa: ANN001
+    """STANDALONE (no flags): empty and out-of-vocabulary prompts get a 400, not a crash."""
+    assert_invalid_prompts_rejected(default_server.url)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ target it was trained on (one trained for a random tiny model agrees with it ~3%
 from __future__ import annotations
 
 import pytest
+from invalid_prompts import assert_invalid_prompts_rejected
 from lossless import assert_speculative_sampling_law, joint_law
 from server_utils import Server, ServerPool
 
@@ -79,6 +80,12 @@ def test_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
     assert got == baseline
     accept = [m["spec_accept_length"] for m in meta]
     assert sum(accept) / len(accept) > 1.2, f"masks' drafts are rarely accepted: {accept}"
+
+
+@pytest.mark.server
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+    """MTP_LORA: empty and out-of-vocabulary prompts get a 400, not a crash."""
+    assert_invalid_prompts_rejected(servers("k3").url)
 
 
 @pytest.mark.parametrize("name", ["k3", "k0"])

@@ -21,6 +21,7 @@ depend on the drafter's quality.
 from __future__ import annotations
 
 import pytest
+from invalid_prompts import assert_invalid_prompts_rejected
 from lossless import (
     LONG_PROMPTS,
     PROMPTS,
@@ -99,6 +100,12 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
     assert lines, server.tail()
     for key in ("mean_accept_length=", "drafter_forwards_per_iter=", "T_D%=", "alpha_k=["):
         assert key in lines[-1]
+
+
+@pytest.mark.server
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+    """SPECBLOCK: empty and out-of-vocabulary prompts get a 400, not a crash."""
+    assert_invalid_prompts_rejected(servers("specblock").url)
 
 
 def _adapt_counts(server: Server) -> list[int]:

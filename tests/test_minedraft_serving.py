@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from invalid_prompts import assert_invalid_prompts_rejected
 from lossless import (
     LONG_PROMPTS,
     PROMPTS,
@@ -220,6 +221,12 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
     last = _metrics(server)[-1]
     for key in ("coverage", "mean_accept_length", "draft_ms", "verify_ms", "overlap_ms"):
         assert key in last, last
+
+
+@pytest.mark.server
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+    """MINEDRAFT: empty and out-of-vocabulary prompts get a 400, not a crash."""
+    assert_invalid_prompts_rejected(servers("minedraft").url)
 
 
 def test_overlap_off_is_standard_sd(servers, baseline_greedy) -> None:  # noqa: ANN001

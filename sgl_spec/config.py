@@ -34,6 +34,8 @@ class ConfigError(ValueError):
 class SpecConfig:
     cpu_defaults: str = "auto"  # --sgl-spec-cpu-defaults: apply CPU-host SGLang settings
     cpu_lossless_sampling: bool = True  # --sgl-spec-no-cpu-lossless-sampling disables the patch
+    # --sgl-spec-standalone-shifted-draft: keep EAGLE's shifted draft layout for STANDALONE
+    standalone_full_context: bool = True
     mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
     mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
@@ -140,6 +142,14 @@ class SpecConfig:
             action="store_true",
             help="Keep SGLang's CPU speculative verify, which commits argmax tokens even when"
             " sampling (not lossless); by default sgl-spec patches it to rejection sampling.",
+        )
+        group.add_argument(
+            "--sgl-spec-standalone-shifted-draft",
+            dest="sgl_spec_standalone_shifted_draft",
+            action="store_true",
+            help="Keep SGLang's STANDALONE draft layout, which shifts the draft's input ids"
+            " left by one and so drops token 0 from its context; by default sgl-spec patches"
+            " the draft to see the whole sequence.",
         )
         group.add_argument(
             "--mtp-lora-path",
@@ -278,6 +288,7 @@ class SpecConfig:
             specblock_adapt_options=ns.specblock_adapt_options,
             cpu_defaults=ns.sgl_spec_cpu_defaults,
             cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
+            standalone_full_context=not ns.sgl_spec_standalone_shifted_draft,
             mtp_lora_path=ns.mtp_lora_path,
             mtp_k=ns.mtp_k,
             mtp_gamma_table=ns.mtp_gamma_table,

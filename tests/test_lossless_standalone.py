@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from lossless import (
-    LONG_PROMPTS,
     PROMPTS,
     chi_square_gof,
     joint_two_token_law,
@@ -45,6 +44,28 @@ TREE = [
     "6",
 ]
 
+# Every node the draft proposes is verified (2 + 2 * 2 candidates, 6 draft tokens + the root),
+# so the target's greedy path of depth 2 is always in the tree of an identical draft.
+FULL_TREE = [
+    "--speculative-num-steps",
+    "2",
+    "--speculative-eagle-topk",
+    "2",
+    "--speculative-num-draft-tokens",
+    "7",
+]
+ONE_STEP = [
+    "--speculative-num-steps",
+    "1",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "2",
+]
+# An identical draft must agree with the target on every token; 5% slack covers argmax ties
+# broken differently by a 1-token draft forward and a multi-token verify forward.
+IDENTITY_MIN_SHARE = 0.95
+
 
 def _spec_args(target: Path, draft: Path, shape: list[str]) -> list[str]:
     return [
@@ -64,7 +85,12 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
         "chain": _spec_args(t, d, CHAIN),
         "tree": _spec_args(t, d, TREE),
         "chain_identity": _spec_args(t, t, CHAIN),
-        "tree_identity": _spec_args(t, t, TREE),
+        "tree_identity": _spec_args(t, t, FULL_TREE),
+        "one_step_identity": _spec_args(t, t, ONE_STEP),
+        "chain_identity_shifted": [
+            *_spec_args(t, t, CHAIN),
+            "--sgl-spec-standalone-shifted-draft",
+        ],
         "chain_unpatched": [*_spec_args(t, d, CHAIN), "--sgl-spec-no-cpu-lossless-sampling"],
     }
 
@@ -117,18 +143,18 @@ def _check_sampling(servers, law, name: str) -> None:  # noqa: ANN001
     assert result.p_value > ALPHA, result
 
 
-def _check_identity(servers, baseline_greedy, name: str) -> None:  # noqa: ANN001
-    """Draft == target accepts nearly every draft (max 4 tokens per verify).
+def _identity_accept(servers, baseline_greedy, name: str) -> float:  # noqa: ANN001
+    """Greedy on the short prompts (where a lost first token matters most): output equals the
+    baseline's; returns the mean accept length (bonus token included)."""
+    got, meta = _greedy(servers(name), PROMPTS)
+    assert got == baseline_greedy["short"]
+    return sum(m["spec_accept_length"] for m in meta) / len(meta)
 
-    Not exactly 4: SGLang's STANDALONE feeds the draft the EAGLE-shifted sequence (draft KV slot
-    i holds token i+1, so the draft never sees the first token). On short prompts that changes a
-    random tiny model's argmax often (measured: 2.2-3.7 at 20 chars); on long prompts the first
-    token's influence is diluted, hence the long prompts here.
-    """
-    got, meta = _greedy(servers(name), LONG_PROMPTS)
-    assert got == baseline_greedy["long"]
-    accept = sum(m["spec_accept_length"] for m in meta) / len(meta)
-    assert accept >= 3.5, accept
+
+def _check_identity(servers, baseline_greedy, name: str, max_accept: int) -> None:  # noqa: ANN001
+    """Draft == target accepts at least 95% of the maximum accept length."""
+    accept = _identity_accept(servers, baseline_greedy, name)
+    assert accept >= IDENTITY_MIN_SHARE * max_accept, (accept, max_accept)
 
 
 def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
@@ -178,11 +204,23 @@ def test_tree_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
 
 
 def test_chain_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
-    _check_identity(servers, baseline_greedy, "chain_identity")
+    _check_identity(servers, baseline_greedy, "chain_identity", max_accept=4)
 
 
 def test_tree_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
-    _check_identity(servers, baseline_greedy, "tree_identity")
+    _check_identity(servers, baseline_greedy, "tree_identity", max_accept=3)
+
+
+def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+    _check_identity(servers, baseline_greedy, "one_step_identity", max_accept=2)
+
+
+def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) -> None:  # noqa: ANN001
+    """Evidence for patch ``standalone_full_context``: with SGLang's EAGLE-shifted layout the
+    identical draft never sees token 0 and falls clearly short of the maximum on short
+    prompts (measured 2.2-3.7 of 4 on this random model)."""
+    accept = _identity_accept(servers, baseline_greedy, "chain_identity_shifted")
+    assert accept < IDENTITY_MIN_SHARE * 4, accept
 
 
 def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001

@@ -188,3 +188,25 @@ def test_prompt_validation_wraps_sglang_validation() -> None:
     method = TokenizerManager._validate_one_request
     assert method._sgl_spec_prompt_validation
     assert not hasattr(method.__wrapped__, "_sgl_spec_prompt_validation")  # wrapped once
+
+
+def test_standalone_full_context_window_slots_and_seq_len_shift() -> None:
+    from types import SimpleNamespace
+
+    from sgl_spec.patches.standalone_full_context import shift_seq_lens, window_slots
+
+    req_to_token = torch.arange(40, dtype=torch.int32).view(4, 10)  # row r, column c -> 10r + c
+    slots = window_slots(req_to_token, torch.tensor([2, 0]), torch.tensor([3, 7]), 3)
+    assert slots.tolist() == [23, 24, 25, 7, 8, 9]
+    assert slots.dtype == torch.int64
+    batch = SimpleNamespace(
+        seq_lens=torch.tensor([3, 7]), seq_lens_cpu=torch.tensor([3, 7]), seq_lens_sum=10
+    )
+    shift_seq_lens(batch, 1)
+    assert batch.seq_lens.tolist() == [4, 8] and batch.seq_lens_cpu.tolist() == [4, 8]
+    assert batch.seq_lens_sum == 12
+    shift_seq_lens(batch, -1)
+    assert batch.seq_lens.tolist() == [3, 7] and batch.seq_lens_sum == 10
+    gpu_only = SimpleNamespace(seq_lens=torch.tensor([5]), seq_lens_cpu=None, seq_lens_sum=None)
+    shift_seq_lens(gpu_only, 1)
+    assert gpu_only.seq_lens.tolist() == [6] and gpu_only.seq_lens_cpu is None

@@ -16,9 +16,14 @@ logger = logging.getLogger(__name__)
 
 
 def all_patches() -> list:
-    from sgl_spec.patches import cpu_spec_sampling, prompt_validation, specblock_kv_budget
+    from sgl_spec.patches import (
+        cpu_spec_sampling,
+        prompt_validation,
+        specblock_kv_budget,
+        standalone_full_context,
+    )
 
-    return [cpu_spec_sampling, prompt_validation, specblock_kv_budget]
+    return [cpu_spec_sampling, prompt_validation, specblock_kv_budget, standalone_full_context]
 
 
 def apply_patches(config: SpecConfig) -> list[str]:

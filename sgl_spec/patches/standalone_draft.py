@@ -1,0 +1,237 @@
+"""The full-context STANDALONE draft methods that ``standalone_full_context`` installs on
+SGLang's ``StandaloneDraftWorker`` (layout and invariant: that module's docstring).
+
+Each function is written as a method of the worker (``self`` is the draft worker) so that it
+could replace the upstream method as is.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleDraftInput
+from sglang.srt.speculative.eagle_worker_common import (
+    build_eagle_verify_input,
+    prepare_for_draft,
+    prepare_for_draft_extend,
+)
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_proposal
+from sglang.srt.utils.common import fast_topk
+
+from sgl_spec.patches.standalone_full_context import (
+    is_pending,
+    set_pending,
+    shift_seq_lens,
+    window_slots,
+)
+
+
+def _propose(
+    self,  # noqa: ANN001
+    logits: torch.Tensor,  # [bs, vocab]
+    sampling_info,  # noqa: ANN001
+    positions: torch.Tensor,  # [bs] sampling-seed positions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Next-draft proposals from one row of draft logits per request, as EAGLE's
+    ``_draft_extend_for_decode`` makes them: (topk_p [bs, topk], topk_index [bs, topk], q)."""
+    if get_spec().speculative_use_rejection_sampling:
+        probs, topk_p, topk_index = sample_draft_proposal(
+            logits,
+            sampling_info.temperatures,
+            sampling_info.top_ks,
+            sampling_seed=sampling_info.sampling_seed,
+            positions=positions,
+        )
+        return topk_p, topk_index, probs
+    if self.topk == 1:
+        topk_index = torch.argmax(logits, dim=-1, keepdim=True)
+        return torch.ones_like(topk_index, dtype=torch.float32), topk_index, None
+    probs = renorm_draft_probs(logits, sampling_info, False)
+    topk_p, topk_index = fast_topk(probs, self.topk, dim=-1)
+    return topk_p, topk_index, None
+
+
+def _draft_extend_for_prefill(
+    self,  # noqa: ANN001
+    batch,  # noqa: ANN001
+    target_hidden_states: torch.Tensor | None,
+    next_token_ids: torch.Tensor,  # [bs] the target's first output token (the bonus)
+    mm_input_embeds: torch.Tensor | None = None,
+    kv_loc_plan=None,  # noqa: ANN001
+) -> EagleDraftInput:
+    """Extend the draft over the prompt tokens at their own positions (no shift)."""
+    if mm_input_embeds is not None:
+        raise NotImplementedError(
+            "sgl_spec STANDALONE full-context draft: multimodal inputs are not supported;"
+            " launch with --sgl-spec-standalone-shifted-draft"
+        )
+    bs = len(batch.seq_lens)
+    if not batch.forward_mode.is_idle():
+        batch.spec_info = EagleDraftExtendInput(
+            hidden_states=target_hidden_states,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        forward_batch = ForwardBatch.init_new(
+            batch,
+            self.draft_runner,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            return_hidden_states_before_norm=False,
+            kv_loc_plan=kv_loc_plan,
+        )
+        forward_batch.return_logprob = False
+        self.draft_runner.forward(forward_batch)
+        for req in batch.reqs:
+            set_pending(req, True)
+    # Placeholder proposals: the first draft() recomputes them from the bonus token.
+    device = next_token_ids.device
+    vocab = self.draft_runner.model_config.vocab_size
+    return EagleDraftInput(
+        topk_p=torch.ones((bs, self.topk), dtype=torch.float32, device=device),
+        topk_index=torch.zeros((bs, self.topk), dtype=torch.int64, device=device),
+        draft_probs=(
+            torch.zeros((bs, vocab), dtype=torch.float32, device=device)
+            if get_spec().speculative_use_rejection_sampling
+            else None
+        ),
+        hidden_states=None,
+        bonus_tokens=next_token_ids,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        num_tokens_per_req=1,
+        num_tokens_for_logprob_per_req=1,
+    )
+
+
+def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:  # noqa: ANN001
+    """One draft decode of every request's bonus token at position ``seq_len``: writes its
+    draft KV and replaces the carried proposals with the ones that follow it."""
+    seq_lens = batch.seq_lens.to(torch.int64)  # [bs]
+    seq_lens_cpu = (
+        batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+    ).to(torch.int64) + 1
+    forward_batch = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=len(seq_lens),
+        input_ids=draft_input.bonus_tokens.to(torch.int64),
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=seq_lens + 1,
+        seq_lens_cpu=seq_lens_cpu,
+        seq_lens_sum=int(seq_lens_cpu.sum()),
+        out_cache_loc=window_slots(
+            self.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, 1
+        ),
+        positions=seq_lens,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        spec_algorithm=self.draft_runner.spec_algorithm,
+        return_hidden_states_before_norm=False,
+        sampling_info=batch.sampling_info,
+    )
+    self.draft_runner.kv_index_translator.bind_own_plan(forward_batch)
+    logits = self.draft_runner.forward(forward_batch).logits_output.next_token_logits
+    topk_p, topk_index, probs = _propose(self, logits, batch.sampling_info, seq_lens)
+    draft_input.topk_p, draft_input.topk_index = topk_p, topk_index
+    if probs is not None:
+        draft_input.draft_probs = probs
+    for req in batch.reqs:
+        set_pending(req, False)
+
+
+def draft(self, batch, *, with_topology: bool = False):  # noqa: ANN001, ANN201
+    """EAGLE's draft loop, run one position later: the bonus token is already in the draft's
+    KV, so the drafts go to positions ``seq_len + 1 ...``. Verify sees the unshifted batch."""
+    if batch.forward_mode.is_idle():
+        return EagleDraftWorker.draft(self, batch, with_topology=with_topology)
+    draft_input: EagleDraftInput = batch.spec_info
+    if any(is_pending(req) for req in batch.reqs):
+        _draft_bonus(self, batch, draft_input)
+    shift_seq_lens(batch, 1)
+    try:
+        forward_batch, _, _ = prepare_for_draft(
+            draft_input,
+            self.req_to_token_pool,
+            batch,
+            self.cuda_graph_runner,
+            self.draft_runner,
+            self.topk,
+            self.speculative_num_steps,
+            target_translator=None,  # the verify window is planned by verify itself
+            num_draft_tokens=self.speculative_num_draft_tokens,
+        )
+        if self.speculative_num_steps > 1:
+            self.draft_attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.mark_forward_metadata_ready()
+        parent_list, top_scores_index, draft_tokens, draft_probs = self.draft_forward(forward_batch)
+    finally:
+        shift_seq_lens(batch, -1)
+    verify_input = build_eagle_verify_input(
+        batch,
+        draft_input,
+        parent_list,
+        top_scores_index,
+        draft_tokens,
+        draft_probs,
+        target_worker=self.target_worker,
+        topk=self.topk,
+        num_steps=self.speculative_num_steps,
+        num_draft_tokens=self.speculative_num_draft_tokens,
+        tree_mask_mode=self.tree_mask_mode,
+        device=self.device,
+    )
+    if with_topology:
+        return verify_input, parent_list, top_scores_index
+    return verify_input
+
+
+def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None) -> None:  # noqa: ANN001
+    """Extend the draft over ``[root, verify outputs]`` of each request: the accepted
+    tokens, then the bonus (whose logits give the next proposals), then rejected tails that
+    lie past the committed length and are overwritten later."""
+    if batch.forward_mode.is_idle():
+        return EagleDraftWorker._draft_extend_for_decode(
+            self, batch, batch_result, kv_loc_plan=kv_loc_plan
+        )
+    num_draft_tokens = self.speculative_num_draft_tokens
+    width = num_draft_tokens + 1
+    bs = len(batch.seq_lens)
+    roots = batch.spec_info.draft_token.view(bs, num_draft_tokens)[:, :1]  # [bs, 1]
+    outputs = batch_result.next_token_ids.view(bs, num_draft_tokens)  # [bs, ndt]
+    predict = torch.cat([roots.to(torch.int64), outputs.to(torch.int64)], dim=1).flatten()
+    accept_lens = batch_result.accept_lens  # [bs] accepted drafts + 1 (the bonus)
+    verify_out_cache_loc = batch.out_cache_loc
+    batch.out_cache_loc = window_slots(
+        self.req_to_token_pool.req_to_token, batch.req_pool_indices, batch.seq_lens, width
+    )
+    extend_input = EagleDraftExtendInput(
+        hidden_states=None,
+        num_correct_drafts=accept_lens - 1,
+        num_accept_tokens=accept_lens,
+        num_tokens_per_req=width,
+        num_tokens_for_logprob_per_req=width,
+    )
+    forward_batch = prepare_for_draft_extend(
+        extend_input,
+        batch,
+        predict,
+        width,
+        self.draft_runner,
+        None,
+        return_hidden_states_before_norm=False,
+    )
+    batch.out_cache_loc = verify_out_cache_loc
+    logits = self.draft_runner.forward(forward_batch).logits_output.next_token_logits
+    select = torch.arange(bs, device=logits.device) * width + accept_lens.to(torch.int64)
+    topk_p, topk_index, probs = _propose(
+        self, logits[select], batch.sampling_info, batch_result.new_seq_lens
+    )
+    next_draft_input = batch_result.next_draft_input
+    next_draft_input.topk_p, next_draft_input.topk_index = topk_p, topk_index
+    next_draft_input.hidden_states = None
+    if probs is not None:
+        next_draft_input.draft_probs = probs
+    next_draft_input.cuda_graph_compatible = True

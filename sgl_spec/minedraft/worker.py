@@ -283,11 +283,12 @@ class MineDraftWorker(BaseSpecWorker):
         """One SD step: submit ``draft_rows`` to the draft server, verify ``target_rows``, sync.
         In a fallback step both are the whole batch and the drafts are awaited first."""
         tic = time.perf_counter()
+        pool_indices = batch.req_pool_indices.tolist()
+        fill_s = self._fill(batch, target_rows, pool_indices, extra, plan) if parallel else 0.0
         self._step += 1
-        pool_indices = batch.req_pool_indices.tolist() if draft_rows else []
         jobs = [self._job(batch.reqs[i], pool_indices[i], extra) for i in draft_rows]
         submitted = bool(jobs) and self.link.submit(self._step, plan.skip_batch, jobs)
-        wait_s = draft_s = 0.0
+        wait_s, draft_s = 0.0, fill_s
         if not parallel and submitted:
             draft_s = self._collect(self._step)
             submitted = False
@@ -297,7 +298,7 @@ class MineDraftWorker(BaseSpecWorker):
         verify_s = time.perf_counter() - verify_tic
         if submitted:
             sync_tic = time.perf_counter()
-            draft_s = self._collect(self._step)
+            draft_s += self._collect(self._step)
             wait_s = time.perf_counter() - sync_tic
         accept = result.accept_lens.tolist()
         tokens = result.next_token_ids.view(len(target_rows), self.width).tolist()
@@ -323,6 +324,19 @@ class MineDraftWorker(BaseSpecWorker):
                 )
             )
         return _Phase(target_rows, result)
+
+    def _fill(self, batch, target_rows, pool_indices, extra, plan: StepPlan) -> float:  # noqa: ANN001
+        """Start-up step (§5.2) for the target rows that have no drafts yet (requests new since
+        the last call): draft them and wait, so that no request's first verify runs undrafted
+        (one token for a whole verify). Returns the drafting time."""
+        missing = [i for i in target_rows if self._take_drafts(batch.reqs[i]) is None]
+        if not missing:
+            return 0.0
+        fill = [self._job(batch.reqs[i], pool_indices[i], extra) for i in missing]
+        self._step += 1
+        if not self.link.submit(self._step, plan.target_batch, fill):
+            return 0.0
+        return self._collect(self._step)
 
     def _job(self, req, pool_index: int, extra: dict[str, list[int]]) -> DraftJob:  # noqa: ANN001
         tokens = [*req.origin_input_ids, *req.output_ids, *extra.get(req.rid, ())]

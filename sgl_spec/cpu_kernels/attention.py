@@ -4,81 +4,180 @@
 Paged layout: ``req_to_token[req_pool_indices[b], j]`` is the KV-pool row of token ``j`` of
 request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_dim]``.
 
-Scores, softmax and the weighted sum are computed in float64 and rounded once to the output
-dtype. That costs little at our sizes and makes the result independent of how many queries
-share a call, so a token decoded alone (decode) and the same token verified inside a draft
-block (extend, target-verify) get the same bits: greedy speculative output then equals plain
-decoding token for token, which the lossless tests rely on.
+Cost: at served sizes (a few queries per request against tens to hundreds of keys, batch
+1-16) time goes to memory traffic and per-op overhead, not arithmetic. So K and V are
+gathered once (``index_select``) and cast in one more copy straight into the head-major
+layout the matmuls read; grouped query heads become extra query rows of their KV head (a
+view, not a repeat); and a mask is built only where some key is hidden (a full-length decode
+has none).
+A batch whose padding would waste most of the work (``_MAX_PAD``) runs request by request.
+
+Precision: scores, softmax and the weighted sum run in float64 and are rounded once to the
+output dtype. Float32 matmuls are not an option for losslessness: MKL picks its kernels by
+shape, so the bits of one query row depend on how many rows and keys share the call, and a
+token decoded alone (decode) would differ from the same token inside a verify block (extend)
+in the last bits. In float64 those differences are ~1e-15 relative and vanish in the final
+rounding except within that distance of a float32 rounding tie, so decode and extend give
+the same float32 bits (tests check it over many shapes), as greedy losslessness needs.
+``attention_reference`` keeps the plain dense version as an oracle.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from sgl_spec.cpu_kernels.registry import OpDef
 
 _ACC = torch.float64
+# A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
+# than _MAX_PAD times the real query-key pairs and over _SMALL_PAIRS of them (a ragged prefill
+# batch); then it runs one request at a time, paying those ops per request.
+_MAX_PAD = 4.0
+_SMALL_PAIRS = 1 << 16
 
 
-def _kv_rows(
-    req_to_token: torch.Tensor,  # [num_reqs_in_pool, max_context]
-    req_pool_indices: torch.Tensor,  # [bs]
-    lengths: torch.Tensor,  # [bs] keys per request
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool rows of every request's first ``lengths[b]`` tokens, padded: ([bs, L], valid [bs, L])."""
-    max_len = int(lengths.max()) if lengths.numel() else 0
-    cols = torch.arange(max_len, device=lengths.device)
-    valid = cols[None, :] < lengths[:, None].to(cols.dtype)
-    rows = req_to_token[req_pool_indices.long()][:, :max_len].long()
-    return torch.where(valid, rows, torch.zeros_like(rows)), valid
+@dataclass(frozen=True)
+class _Params:
+    """The per-layer scalars of one call."""
+
+    key_scale: float
+    value_scale: float
+    sm_scale: float
+    logit_cap: float
+    window: int  # keys visible counting the query itself (SGLang passes sliding_window + 1)
+    sinks: torch.Tensor | None  # [H]
 
 
-def _gather(buffer: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
-    out = buffer[rows].to(_ACC)  # [bs, L, Hkv, D]
-    return out * scale if scale != 1.0 else out
+@dataclass(frozen=True)
+class _Batch:
+    """Requests attended together: their pool rows, key counts and query rows."""
+
+    req_pool_indices: torch.Tensor  # [B]
+    lens: torch.Tensor  # [B] keys per request, int64 (prefix + extend)
+    ext: torch.Tensor  # [B] queries per request, int64
+    starts: torch.Tensor  # [B] row of each request's first query in q / o, int64
+    lens_list: list[int]
+    ext_list: list[int]
+    start_list: list[int]
+
+    @property
+    def uniform(self) -> bool:
+        """Every request has the same number of queries, stored back to back in order."""
+        n = self.ext_list[0]
+        return self.ext_list == [n] * len(self.ext_list) and self.start_list == [
+            b * n for b in range(len(self.ext_list))
+        ]
+
+    def split(self) -> list[tuple[slice, slice, _Batch]]:
+        """One batch per request, with the request's query rows and its tree-mask entries
+        (an ``[e, e]`` block per request, back to back)."""
+        parts, mask_start = [], 0
+        for b, (start, n) in enumerate(zip(self.start_list, self.ext_list, strict=True)):
+            one = _Batch(
+                self.req_pool_indices[b : b + 1],
+                self.lens[b : b + 1],
+                self.ext[b : b + 1],
+                self.starts[b : b + 1] - start,
+                [self.lens_list[b]],
+                [n],
+                [0],
+            )
+            parts.append((slice(start, start + n), slice(mask_start, mask_start + n * n), one))
+            mask_start += n * n
+        return parts
+
+    def parts(self, batched: bool) -> list[tuple[slice, slice, _Batch]]:
+        """``split()``, or the whole batch as one part when ``batched``."""
+        return [(slice(None), slice(None), self)] if batched else self.split()
+
+
+def _batch(
+    req_pool_indices: torch.Tensor, lens: torch.Tensor, ext: torch.Tensor, starts: torch.Tensor
+) -> _Batch:
+    """The whole call as one batch (lengths read once into Python lists)."""
+    lens, ext, starts = lens.long(), ext.long(), starts.long()
+    rows = req_pool_indices.long()
+    return _Batch(rows, lens, ext, starts, lens.tolist(), ext.tolist(), starts.tolist())
+
+
+def _pad_is_cheap(batch: _Batch) -> bool:
+    """Whether padding every request to the longest one stays cheap (see ``_MAX_PAD``)."""
+    padded = len(batch.lens_list) * max(batch.lens_list) * max(batch.ext_list)
+    pairs = sum(n * e for n, e in zip(batch.lens_list, batch.ext_list, strict=True))
+    return padded <= max(_MAX_PAD * pairs, _SMALL_PAIRS)
+
+
+def _pool_rows(req_to_token: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``[B, L]`` pool rows of each request's keys, padding -> row 0; ``[L]`` positions)."""
+    max_len = max(batch.lens_list)
+    rows = req_to_token[batch.req_pool_indices, :max_len]
+    key_pos = torch.arange(max_len, device=rows.device)
+    if min(batch.lens_list) < max_len:
+        rows = rows.masked_fill(key_pos[None, :] >= batch.lens[:, None], 0)
+    return rows, key_pos
+
+
+def _gather_heads(
+    buffer: torch.Tensor,  # [pool, Hkv, D]
+    rows: torch.Tensor,  # [B, L] pool rows
+    scale: float,
+    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """``buffer[rows] * scale`` as ``[B, Hkv, L, D]`` in ``_ACC``, gathered and cast once.
+
+    ``override = (b, j, values [T, Hkv, D])`` replaces keys ``(b[t], j[t])`` by ``values[t]``
+    (the extend K/V passed to the op, which the pool may not hold)."""
+    num, length = rows.shape
+    heads, dim = buffer.shape[1], buffer.shape[2]
+    gathered = buffer.index_select(0, rows.reshape(-1)).view(num, length, heads, dim)
+    out = torch.empty((num, heads, length, dim), dtype=_ACC, device=buffer.device)
+    out.copy_(gathered.transpose(1, 2))
+    if override is not None:
+        b, j, values = override
+        out.transpose(1, 2)[b, j] = values.to(_ACC)
+    return out.mul_(scale) if scale != 1.0 else out
+
+
+def _queries(q: torch.Tensor, num_kv_heads: int, sm_scale: float) -> torch.Tensor:
+    """``[B, n, H, D]`` -> ``[B, Hkv, n * g, D]`` in ``_ACC`` times ``sm_scale``: the ``g``
+    query heads sharing a KV head become rows of that head, ordered (query, head in group)."""
+    num, n, heads, dim = q.shape
+    group = heads // num_kv_heads
+    out = torch.empty((num, num_kv_heads, n, group, dim), dtype=_ACC, device=q.device)
+    out.copy_(q.view(num, n, num_kv_heads, group, dim).permute(0, 2, 1, 3, 4))
+    return out.mul_(sm_scale).view(num, num_kv_heads, n * group, dim)
 
 
 def attend(
-    q: torch.Tensor,  # [bs, n, H, D]
-    k: torch.Tensor,  # [bs, L, Hkv, D]
-    v: torch.Tensor,  # [bs, L, Hkv, Dv]
-    visible: torch.Tensor,  # [bs, n, L] bool
-    sm_scale: float,
+    q: torch.Tensor,  # [B, Hkv, n * g, D] scaled (see _queries)
+    k: torch.Tensor,  # [B, Hkv, L, D]
+    v: torch.Tensor,  # [B, Hkv, L, Dv]
+    hidden: torch.Tensor | None,  # [B, n or 1, L] bool: key not visible to the query
     logit_cap: float,
     sinks: torch.Tensor | None,  # [H]
 ) -> torch.Tensor:
-    """Dense masked attention with grouped KV heads; returns ``[bs, n, H, Dv]`` in float64.
+    """Masked attention per KV head; returns ``[B, Hkv, n * g, Dv]``.
 
-    ``logit_cap > 0`` applies ``cap * tanh(s / cap)`` after scaling; ``sinks`` adds one
-    per-head logit to the softmax denominator only (attention-sink models).
-    """
-    num_heads, num_kv_heads = q.shape[2], k.shape[2]
-    group = num_heads // num_kv_heads
-    qh = q.to(_ACC).permute(0, 2, 1, 3)  # [bs, H, n, D]
-    kh = k.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [bs, H, L, D]
-    vh = v.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [bs, H, L, Dv]
-    scores = torch.matmul(qh, kh.transpose(-1, -2)) * sm_scale  # [bs, H, n, L]
+    ``logit_cap > 0`` applies ``cap * tanh(s / cap)`` to the scaled scores; ``sinks`` adds one
+    per-head logit to the softmax denominator only (attention-sink models). A query that
+    sees no key at all gets NaN (only padding rows, which callers drop)."""
+    scores = torch.matmul(q, k.transpose(-1, -2))  # [B, Hkv, R, L]
+    num, kv_heads, rows, length = scores.shape
     if logit_cap > 0:
-        scores = logit_cap * torch.tanh(scores / logit_cap)
-    scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    if sinks is not None:
-        sink = sinks.to(_ACC).view(1, num_heads, 1, 1).expand(*scores.shape[:3], 1)
-        scores = torch.cat([scores, sink], dim=-1)
-    row_max = scores.amax(dim=-1, keepdim=True).clamp_min(-1e300)
-    probs = torch.exp(scores - row_max)
-    probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(1e-300)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    return torch.matmul(probs, vh).permute(0, 2, 1, 3)  # [bs, n, H, Dv]
-
-
-def _window_mask(
-    query_pos: torch.Tensor,  # [bs, n]
-    key_pos: torch.Tensor,  # [L]
-    window: int,
-) -> torch.Tensor:
-    """``window`` = keys visible counting the query itself (SGLang passes sliding_window_size + 1)."""
-    return (query_pos[:, :, None] - key_pos[None, None, :]) < window
+        scores.div_(logit_cap).tanh_().mul_(logit_cap)
+    if hidden is not None:
+        n = hidden.shape[1]
+        scores.view(num, kv_heads, n, rows // n, length).masked_fill_(
+            hidden[:, None, :, None, :], float("-inf")
+        )
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    group = sinks.shape[0] // kv_heads
+    sink = sinks.to(_ACC).view(1, kv_heads, 1, group).expand(num, kv_heads, rows // group, group)
+    scores = torch.cat([scores, sink.reshape(num, kv_heads, rows, 1)], dim=-1)
+    return torch.matmul(torch.softmax(scores, dim=-1)[..., :length], v)
 
 
 def decode_attention(
@@ -92,7 +191,7 @@ def decode_attention(
     value: torch.Tensor | None,  # [bs, Hkv, Dv]
     loc: torch.Tensor,  # [bs]
     attn_logits: torch.Tensor,  # scratch of the native kernel; unused
-    req_to_token: torch.Tensor,
+    req_to_token: torch.Tensor,  # [num_reqs_in_pool, max_context]
     req_pool_indices: torch.Tensor,  # [bs]
     seq_lens: torch.Tensor,  # [bs] including the new token
     sm_scale: float,
@@ -100,7 +199,7 @@ def decode_attention(
     is_cross_attention: bool,
     sliding_window: int,
     encoder_lens: torch.Tensor | None,
-    sinks: torch.Tensor | None,
+    sinks: torch.Tensor | None,  # [H]
 ) -> None:
     """One new query token per request attends to its whole paged context."""
     if is_cross_attention:
@@ -111,16 +210,34 @@ def decode_attention(
     bs = query.shape[0]
     if bs == 0:
         return
-    seq_lens = seq_lens.long()
-    rows, valid = _kv_rows(req_to_token, req_pool_indices, seq_lens)
-    k = _gather(k_cache, rows, key_scale)
-    v = _gather(v_cache, rows, value_scale)
-    visible = valid[:, None, :]  # [bs, 1, L]
-    if sliding_window > 0:
-        key_pos = torch.arange(rows.shape[1], device=rows.device)
-        visible = visible & _window_mask((seq_lens - 1)[:, None], key_pos, sliding_window)
-    out = attend(query[:, None], k, v, visible, sm_scale, logit_cap, sinks)
-    output.copy_(out[:, 0].to(output.dtype))
+    ones = torch.ones(bs, dtype=torch.int64, device=query.device)
+    batch = _batch(req_pool_indices, seq_lens, ones, torch.arange(bs, device=query.device))
+    params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
+    for rows, _, part in batch.parts(_pad_is_cheap(batch)):
+        _decode(query[rows], k_cache, v_cache, output[rows], req_to_token, part, params)
+
+
+def _decode(
+    query: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [pool, Hkv, D]
+    v_cache: torch.Tensor,  # [pool, Hkv, Dv]
+    output: torch.Tensor,  # [B, H, Dv]
+    req_to_token: torch.Tensor,
+    batch: _Batch,
+    params: _Params,
+) -> None:
+    rows, key_pos = _pool_rows(req_to_token, batch)
+    hidden = None  # [B, 1, L]
+    if min(batch.lens_list) < key_pos.shape[0]:
+        hidden = (key_pos[None, :] >= batch.lens[:, None])[:, None, :]
+    if 0 < params.window < max(batch.lens_list):
+        far = key_pos[None, :] <= (batch.lens - params.window - 1)[:, None]
+        hidden = far[:, None, :] if hidden is None else hidden | far[:, None, :]
+    k = _gather_heads(k_cache, rows, params.key_scale)
+    v = _gather_heads(v_cache, rows, params.value_scale)
+    q = _queries(query[:, None], k.shape[1], params.sm_scale)
+    out = attend(q, k, v, hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
+    output.copy_(out.view(output.shape))
 
 
 def extend_attention(
@@ -129,10 +246,10 @@ def extend_attention(
     v_extend: torch.Tensor | None,  # [num_extend_tokens, Hkv, Dv]
     o_extend: torch.Tensor,  # [num_extend_tokens, H, Dv]
     k_buffer: torch.Tensor,  # [pool, Hkv, D]
-    v_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,  # [pool, Hkv, Dv]
     key_scale: float,
     value_scale: float,
-    req_to_token: torch.Tensor,
+    req_to_token: torch.Tensor,  # [num_reqs_in_pool, max_context]
     req_pool_indices: torch.Tensor,  # [bs]
     seq_lens: torch.Tensor,  # [bs] prefix + extend
     extend_seq_lens: torch.Tensor,  # [bs]
@@ -143,7 +260,7 @@ def extend_attention(
     is_cross_attention: bool,
     sliding_window: int,
     encoder_lens: torch.Tensor | None,
-    sinks: torch.Tensor | None,
+    sinks: torch.Tensor | None,  # [H]
     tree_mask: torch.Tensor | None,  # flat, per request [ext, ext] (QLEN_ONLY layout)
     is_causal: bool,
 ) -> None:
@@ -152,68 +269,104 @@ def extend_attention(
     arguments when given (the backend may skip saving them)."""
     if is_cross_attention:
         raise NotImplementedError("sgl_spec CPU fallback: cross-attention extend is not supported")
-    bs = seq_lens.shape[0]
-    if bs == 0 or q_extend.shape[0] == 0:
+    if seq_lens.shape[0] == 0 or q_extend.shape[0] == 0:
         return
     if tree_mask is not None and sliding_window > 0:
         raise NotImplementedError("sgl_spec CPU fallback: tree mask with sliding window")
-    seq_lens = seq_lens.long()
-    ext_lens = extend_seq_lens.long()
-    starts = extend_start_loc.long()
-    prefix_lens = seq_lens - ext_lens
-    max_ext = int(ext_lens.max())
-    device = q_extend.device
-
-    ext_idx = torch.arange(max_ext, device=device)
-    ext_valid = ext_idx[None, :] < ext_lens[:, None]  # [bs, E]
-    token_idx = torch.where(ext_valid, starts[:, None] + ext_idx[None, :], 0)  # [bs, E]
-    q = q_extend[token_idx]  # [bs, E, H, D]
-
-    rows, valid = _kv_rows(req_to_token, req_pool_indices, seq_lens)  # [bs, L]
-    k = _gather(k_buffer, rows, key_scale)
-    v = _gather(v_buffer, rows, value_scale)
-    key_pos = torch.arange(rows.shape[1], device=device)  # [L]
-    if k_extend is not None and v_extend is not None:
-        # positions prefix_len + e take the passed-in extend K/V
-        in_ext = (key_pos[None, :] >= prefix_lens[:, None]) & valid  # [bs, L]
-        src = (starts[:, None] + key_pos[None, :] - prefix_lens[:, None]).clamp_min(0)
-        src = torch.where(in_ext, src, 0)
-        k = torch.where(in_ext[..., None, None], k_extend[src].to(_ACC) * key_scale, k)
-        v = torch.where(in_ext[..., None, None], v_extend[src].to(_ACC) * value_scale, v)
-
-    query_pos = prefix_lens[:, None] + ext_idx[None, :]  # [bs, E]
-    visible = valid[:, None, :] & ext_valid[:, :, None]  # [bs, E, L]
-    is_prefix_key = key_pos[None, None, :] < prefix_lens[:, None, None]  # [bs, 1, L]
-    if tree_mask is not None:
-        visible = visible & (
-            is_prefix_key | _tree_visibility(tree_mask, ext_lens, prefix_lens, rows.shape[1])
+    batch = _batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
+    params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
+    batched = _pad_is_cheap(batch) and (tree_mask is None or batch.uniform)
+    given = k_extend is not None and v_extend is not None
+    for rows, mask_rows, part in batch.parts(batched):
+        if part.ext_list == [0]:
+            continue
+        _extend(
+            q_extend[rows],
+            (k_extend[rows], v_extend[rows]) if given else None,
+            o_extend[rows],
+            (k_buffer, v_buffer),
+            req_to_token,
+            part,
+            params,
+            None if tree_mask is None else tree_mask[mask_rows],
+            is_causal,
         )
+
+
+def _extend(
+    q: torch.Tensor,  # [tokens, H, D]
+    kv_extend: tuple[torch.Tensor, torch.Tensor] | None,  # [tokens, Hkv, D], [tokens, Hkv, Dv]
+    o: torch.Tensor,  # [tokens, H, Dv]
+    kv_buffer: tuple[torch.Tensor, torch.Tensor],  # [pool, Hkv, D], [pool, Hkv, Dv]
+    req_to_token: torch.Tensor,
+    batch: _Batch,
+    params: _Params,
+    tree: torch.Tensor | None,  # flat [B * n * n] (only for uniform batches)
+    is_causal: bool,
+) -> None:
+    num, n = len(batch.lens_list), max(batch.ext_list)
+    rows, key_pos = _pool_rows(req_to_token, batch)
+    prefix = batch.lens - batch.ext  # [B]
+    j = torch.arange(n, device=q.device)
+    token = valid = None  # [B, n]: query row of (request, j), and whether it exists
+    if batch.uniform:
+        queries = q[: num * n].view(num, n, *q.shape[1:])
+    else:
+        valid = j[None, :] < batch.ext[:, None]
+        token = torch.where(valid, batch.starts[:, None] + j, 0)
+        queries = q[token]
+    k_new = v_new = None
+    if kv_extend is not None:
+        b_idx = torch.arange(num, device=q.device)[:, None].expand(num, n)
+        pos = prefix[:, None] + j  # [B, n] key position of each extend token
+        if token is None:
+            b_idx, pos = b_idx.reshape(-1), pos.reshape(-1)
+            src = slice(0, num * n)
+        else:
+            b_idx, pos, src = b_idx[valid], pos[valid], token[valid]
+        k_new, v_new = (b_idx, pos, kv_extend[0][src]), (b_idx, pos, kv_extend[1][src])
+    k = _gather_heads(kv_buffer[0], rows, params.key_scale, k_new)
+    v = _gather_heads(kv_buffer[1], rows, params.value_scale, v_new)
+    hidden = _extend_hidden(batch, key_pos, prefix, n, tree, is_causal, params.window)
+    out = attend(
+        _queries(queries, k.shape[1], params.sm_scale), k, v, hidden, params.logit_cap, params.sinks
+    )  # [B, Hkv, n * g, Dv]
+    heads, dim_v = o.shape[1], o.shape[2]
+    out = out.view(num, k.shape[1], n, heads // k.shape[1], dim_v).transpose(1, 2)
+    if token is None:
+        o[: num * n].view(out.shape).copy_(out)
+    else:
+        o[token[valid]] = out[valid].reshape(-1, heads, dim_v).to(o.dtype)
+
+
+def _extend_hidden(
+    batch: _Batch,
+    key_pos: torch.Tensor,  # [L]
+    prefix: torch.Tensor,  # [B]
+    n: int,
+    tree: torch.Tensor | None,  # flat [B * n * n]
+    is_causal: bool,
+    window: int,
+) -> torch.Tensor | None:
+    """``[B, n or 1, L]`` bool, True where query ``j`` of request ``b`` must not see the key;
+    None when every query sees every key of its request."""
+    num = len(batch.lens_list)
+    query_pos = prefix[:, None] + torch.arange(n, device=key_pos.device)  # [B, n]
+    hidden = None
+    if tree is not None:
+        # hide every extend key (and the padding after them), then show each query's
+        # ancestors: key prefix + j is visible to query i where tree[b, i, j]
+        hidden = (key_pos[None, :] >= prefix[:, None])[:, None, :].repeat(1, n, 1)
+        cols = query_pos[:, None, :].expand(num, n, n)
+        hidden.scatter_(2, cols, ~tree.view(num, n, n).bool())
     elif is_causal:
-        visible = visible & (key_pos[None, None, :] <= query_pos[:, :, None])
-    if sliding_window > 0:
-        visible = visible & _window_mask(query_pos, key_pos, sliding_window)
-
-    out = attend(q, k, v, visible, sm_scale, logit_cap, sinks)  # [bs, E, H, Dv]
-    o_extend[token_idx[ext_valid]] = out[ext_valid].to(o_extend.dtype)
-
-
-def _tree_visibility(
-    tree_mask: torch.Tensor,  # flat bool/int: sum_b ext_b * ext_b
-    ext_lens: torch.Tensor,  # [bs]
-    prefix_lens: torch.Tensor,  # [bs]
-    max_keys: int,
-) -> torch.Tensor:
-    """Scatter each request's ``[ext, ext]`` draft-tree mask into key columns ``prefix_len + j``."""
-    bs = ext_lens.shape[0]
-    max_ext = int(ext_lens.max())
-    out = torch.zeros((bs, max_ext, max_keys), dtype=torch.bool, device=tree_mask.device)
-    offset = 0
-    for b in range(bs):
-        n, p = int(ext_lens[b]), int(prefix_lens[b])
-        block = tree_mask[offset : offset + n * n].view(n, n).bool()
-        out[b, :n, p : p + n] = block
-        offset += n * n
-    return out
+        hidden = key_pos[None, None, :] > query_pos[:, :, None]
+    elif min(batch.lens_list) < key_pos.shape[0]:
+        hidden = (key_pos[None, :] >= batch.lens[:, None])[:, None, :]
+    if 0 < window < max(batch.lens_list):
+        far = (query_pos[:, :, None] - key_pos[None, None, :]) >= window
+        hidden = far if hidden is None else hidden | far
+    return hidden
 
 
 OPS = [

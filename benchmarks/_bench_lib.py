@@ -57,6 +57,7 @@ class Algorithm:
     speculative: bool = True
     own_speculative_flags: bool = False  # drop pass-through --speculative-* (no draft model)
     env: tuple[tuple[str, str], ...] = ()  # set for this server only
+    peer: bool = False  # no server: Hugging Face transformers generate (hf_peer.py)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -113,6 +114,10 @@ ALGORITHMS: dict[str, Algorithm] = {
         env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),),
     ),
     "none-1core": Algorithm(speculative=False, env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),)),
+    # peers, no server (hf_peer.py): transformers generate on the same target, batch 1, and the
+    # same with assistant_model= the run's draft (assisted generation)
+    "hf": Algorithm(speculative=False, peer=True),
+    "hf-assisted": Algorithm(peer=True),
 }
 # Server-side metrics read from the last metrics line an algorithm's worker logged
 # (cumulative over the server's life): log prefix -> {key in the line: key in the results}.
@@ -165,7 +170,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--algorithms",
         required=True,
-        help=f"comma list; the first is the reference for ratios. Known: {', '.join(ALGORITHMS)}",
+        help="comma list; the first is the reference for ratios. hf and hf-assisted start no "
+        "server: Hugging Face transformers generate on the same target, batch 1, plain and with "
+        "assistant_model= the draft (benchmarks/hf_peer.py). "
+        f"Known: {', '.join(ALGORITHMS)}",
     )
     parser.add_argument(
         "--variant",
@@ -251,6 +259,8 @@ def register_variant(text: str) -> str:
     if flags and not flags[0].startswith("--"):
         raise BenchError(f"--variant {text!r}: flags must start with --, got {flags[0]!r}")
     base = ALGORITHMS[base_name]
+    if base.peer:
+        raise BenchError(f"--variant {text!r}: {base_name} runs no server, so takes no flags")
     if not base.speculative and any(f.startswith(SPECULATIVE_PREFIX) for f in flags):
         raise BenchError(f"--variant {text!r}: {base_name} takes no --speculative-* flags")
     given = {f for f in flags if f.startswith("--")}

@@ -15,6 +15,12 @@ invocation on one host, so the ratios against the first algorithm compare like w
 server once, keeps them all up (idle ones sleep) and drives them in turn each round, which on
 a host whose speed drifts gives the steadier comparison (``x tok/s paired``: the median over
 rounds of each round's ratio). It needs a KV pool cap, e.g. ``--max-total-tokens 65536``.
+
+``hf`` and ``hf-assisted`` in ``--algorithms`` are peers that start no server: Hugging Face
+transformers ``generate`` on the same target, plain and with ``assistant_model=`` the draft,
+batch 1, each measurement in a fresh process on bench_serving's own prompts (``hf_peer.py``).
+With ``--interleave`` a peer runs in its turn while the servers sleep idle. The fastest server's
+throughput over each peer's is printed after the table and stored as ``peer_comparison``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _bench_lib
+import hf_peer
 import requests
 from _bench_lib import (
     BenchError,
@@ -155,12 +163,28 @@ def measure(
     return run
 
 
+def is_peer(algorithm: str) -> bool:
+    """A transformers peer (no server)? Looked up at call time: variants register later."""
+    return _bench_lib.ALGORITHMS[algorithm].peer
+
+
+def measure_hf(algorithm: str, args: argparse.Namespace, extra: list[str], work: Path) -> dict:
+    """One measurement of a transformers peer (``hf``, ``hf-assisted``) in a fresh process,
+    with the greedy prompts the servers get; any failure becomes ``run["error"]``."""
+    greedy_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)
+    prompts = greedy_prompts(args.input_len)
+    return hf_peer.measure_peer(algorithm, args, extra, work, prompts, greedy_new_tokens)
+
+
 def run_algorithm(
     index: int, algorithm: str, args: argparse.Namespace, extra: list[str], log_dir: Path
 ) -> dict:
-    """Serve, benchmark and stop one algorithm; any failure becomes ``run["error"]``."""
+    """Serve, benchmark and stop one algorithm (or measure one peer); any failure becomes
+    ``run["error"]``."""
     work = log_dir / f"{index}-{algorithm}"
     work.mkdir(parents=True, exist_ok=True)
+    if is_peer(algorithm):
+        return measure_hf(algorithm, args, extra, work)
     try:
         server = start_server(algorithm, pick_port(args.port_base + index), args, extra, work)
     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
@@ -194,6 +218,8 @@ def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -
     per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
     try:
         for i, name in enumerate(args.algorithms):
+            if is_peer(name):
+                continue  # no server: a fresh process in each of its turns
             work = log_dir / f"{i}-{name}"
             work.mkdir(parents=True, exist_ok=True)
             port = pick_port(args.port_base + PORT_STRIDE * i)
@@ -210,7 +236,10 @@ def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -
                     continue
                 work = log_dir / f"{i}-{name}" / f"round{round_i}"
                 print(f"[{name}] round {round_i + 1}/{args.rounds}", flush=True)
-                per_algorithm[name].append(measure(servers[name], name, args, extra, work))
+                if is_peer(name):
+                    per_algorithm[name].append(measure_hf(name, args, extra, work))
+                else:
+                    per_algorithm[name].append(measure(servers[name], name, args, extra, work))
     finally:
         for server in servers.values():
             server.stop()
@@ -228,8 +257,14 @@ def main(argv: list[str]) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     run = run_interleaved if args.interleave else run_sequential
     per_algorithm = run(args, extra, log_dir)
-    runs = [combine_rounds(per_algorithm[name]) for name in args.algorithms]
+    runs = [
+        hf_peer.combine_peer_rounds(combine_rounds(per_algorithm[name]), per_algorithm[name])
+        for name in args.algorithms
+    ]
     result = assemble(command, host_info(), args.algorithms, runs)
+    comparison = hf_peer.peer_comparison(result["runs"])
+    if comparison:
+        result["peer_comparison"] = comparison
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print()
@@ -242,7 +277,21 @@ def main(argv: list[str]) -> int:
     if args.interleave:
         print("servers: all up at once (--interleave), idle ones sleeping")
     print(format_table(result["runs"]))
+    print_peer_notes(args, comparison)
     return 1 if any("error" in run for run in runs) else 0
+
+
+def print_peer_notes(args: argparse.Namespace, comparison: list[dict]) -> None:
+    """What the transformers peers are, and the fastest server against each."""
+    peers = [name for name in args.algorithms if is_peer(name)]
+    if not peers:
+        return
+    print(
+        f"{', '.join(peers)}: transformers generate, batch 1, requests one after another "
+        f"(servers: --max-concurrency {args.max_concurrency}); accept = tokens / target forwards"
+    )
+    for line in hf_peer.format_comparison(comparison):
+        print(f"fastest server vs peer: {line}")
 
 
 def exit_on_sigterm() -> None:

@@ -5,9 +5,9 @@
 Shapes of the shipped model (8 query heads, 8 KV heads, head_dim 64, fp32) on a context of
 256 cached tokens whose pool rows are scattered (as after many decode steps): decode (1 query
 per request), target-verify of a 4-token chain (causal) and of a 32-token draft tree
-(``tree_mask``), at batch 1 and 8, plus one 256-token prefill. Calls of the two versions
-alternate, so drift from other load on the host hits both alike; printed per case are the
-median and the minimum over ``--iters`` calls, in microseconds.
+(``tree_mask``), at batch 1 and 8, plus one 256-token prefill. The two versions run in
+alternating blocks of 10 calls, so drift from other load on the host hits both alike; printed
+per case are the median and the minimum over ``--iters`` calls, in microseconds.
 """
 
 from __future__ import annotations
@@ -79,15 +79,18 @@ def cases() -> list[tuple[str, Callable[[Callable], Callable[[], None]]]]:
     return out
 
 
-def _time(fns: list[Callable[[], None]], iters: int) -> list[list[float]]:
+def _time(fns: list[Callable[[], None]], iters: int, block: int = 10) -> list[list[float]]:
+    """Times ``iters`` calls of each function, in alternating blocks of ``block`` calls (a
+    block is what a served step does: the same op again, not the other version's memory)."""
     for fn in fns:
         fn()
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(iters):
+    for _ in range(max(1, iters // block)):
         for fn, ts in zip(fns, times, strict=True):
-            start = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - start) * 1e6)
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - start) * 1e6)
     return times
 
 
@@ -105,7 +108,7 @@ def main() -> None:
         if not name.startswith("decode"):
             ref = make(attention_reference.extend_attention_reference)
             fast = make(attention.extend_attention)
-        iters = max(5, args.iters // 8) if "prefill" in name else args.iters
+        iters = max(10, args.iters // 8) if "prefill" in name else args.iters
         t_ref, t_fast = _time([ref, fast], iters)
         print(
             f"{name:18} {statistics.median(t_ref):11.0f} {statistics.median(t_fast):11.0f}"

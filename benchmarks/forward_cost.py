@@ -1,0 +1,278 @@
+"""What one forward costs: bare PyTorch (Hugging Face) against SGLang's served forward.
+
+    .venv/bin/python benchmarks/forward_cost.py --json benchmarks/results/forward_cost.json
+
+For the shipped target and draft (``--models``), batch sizes 1 and 8, a cached context of 256
+tokens and 1, 4, 16 new tokens per request, it times in one process per model:
+
+- *bare*: ``transformers``' forward of the new tokens on a ``DynamicCache`` holding the context
+  (logits at every new position, as a verify needs); the cache is cropped back after each call;
+- *served*: SGLang's ``ModelRunner.forward`` on the same shapes: a DECODE batch for 1 token
+  (what a plain decode step or a draft step runs), an EXTEND batch with logits at every new
+  position for more (what a verify runs), KV in SGLang's paged pool through the attention
+  backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
+
+Bare and served forwards of each shape alternate in a shuffled order, so drift hits both
+alike. The models run in separate processes in ABBA order (``--rounds``), and medians pool
+over rounds. Printed: served/bare per shape, served T(4)/T(1) and T(16)/T(1) per model and
+batch size, and the served draft forward as a share of the served target forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _bench_lib import host_info  # noqa: E402
+
+from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+
+SCHEMA_VERSION = 1
+TOKEN_RANGE = (10, 250)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="forward_cost.py", allow_abbrev=False)
+    p.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}",
+                   help="target,draft: shipped names or directories")  # fmt: skip
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--num-tokens", default="1,4,16")
+    p.add_argument("--ctx-len", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1, help="ABBA rounds of the two models")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: SGLang's)")
+    p.add_argument("--json", default="forward_cost.json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in-process
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
+    args.num_tokens = [int(v) for v in args.num_tokens.split(",")]
+    if args.warmup < 0 or args.iters < 1 or args.rounds < 1:
+        p.error("--warmup must be >= 0, --iters and --rounds >= 1")
+    return args
+
+
+# ---- one model, in its own process ----------------------------------------------------------
+
+
+def _load_runner(model_path: str, args: argparse.Namespace):  # noqa: ANN202
+    from gamma_tolerance import load_runner, prepare_environment
+
+    ns = argparse.Namespace(
+        model_path=model_path, device=None, attention_backend=None, dtype="float32", seed=0,
+        batch_sizes=args.batch_sizes, ctx_lens=[args.ctx_len], gammas=args.num_tokens,
+    )  # fmt: skip
+    prepare_environment(ns)
+    return load_runner(ns)
+
+
+def _decode_batch(runner, batch):  # noqa: ANN001, ANN202
+    """A DECODE ForwardBatch of one new token per request of ``batch`` (its extend done)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
+
+    seq_lens = batch.seq_lens.to(torch.int64)
+    locs = runner.token_to_kv_pool_allocator.alloc(len(seq_lens))
+    rows = batch.req_pool_indices.to(torch.int64)
+    runner.req_to_token_pool.req_to_token[rows, seq_lens] = locs.to(torch.int32)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=len(seq_lens),
+        input_ids=batch.input_ids.view(len(seq_lens), -1)[:, 0].contiguous(),
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=seq_lens + 1,
+        seq_lens_cpu=(seq_lens + 1).cpu(),
+        seq_lens_sum=int((seq_lens + 1).sum()),
+        out_cache_loc=locs,
+        positions=seq_lens,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        spec_algorithm=runner.spec_algorithm,
+        return_hidden_states_before_norm=False,
+    )
+    runner.kv_index_translator.bind_own_plan(fb)
+    return fb, locs
+
+
+def _served_forward(runner, reqs, ctx: int, n: int):  # noqa: ANN001, ANN202
+    """Time one served forward of ``n`` new tokens per request; frees its KV slots."""
+    from gamma_tolerance import build_extend, time_forward
+
+    batch, fb = build_extend(runner, reqs, ctx, ctx + n)
+    if n == 1:
+        runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
+        batch.seq_lens = batch.seq_lens - 1  # the decode appends the one token itself
+        fb, locs = _decode_batch(runner, batch)
+        elapsed = time_forward(runner, fb)
+        runner.token_to_kv_pool_allocator.free(locs)
+        return elapsed
+    elapsed = time_forward(runner, fb)
+    runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
+    return elapsed
+
+
+def _bare_model(model_path: str):  # noqa: ANN202
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return model.eval()
+
+
+def _bare_forward(model, cache, ids, ctx: int) -> float:  # noqa: ANN001
+    """Time the HF forward of ``ids`` [bs, n] on ``cache`` (ctx tokens); crop back after."""
+    import torch
+
+    with torch.no_grad():
+        tic = time.perf_counter()
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        elapsed = time.perf_counter() - tic
+    cache.crop(ctx)
+    return elapsed
+
+
+def run_worker(model_path: str, args: argparse.Namespace) -> dict:
+    """Median bare and served latency (ms) per (batch size, new tokens) for one model."""
+    runner = _load_runner(model_path, args)
+    import torch
+    from gamma_tolerance import make_reqs
+    from transformers import DynamicCache
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model = _bare_model(model_path)
+    rng = random.Random(0)
+    points = []
+    ctx = args.ctx_len
+    for bs in args.batch_sizes:
+        runner.req_to_token_pool.clear()
+        runner.token_to_kv_pool_allocator.clear()
+        reqs = make_reqs(bs, ctx, max(args.num_tokens), rng, all_logits=True)
+        from gamma_tolerance import build_extend
+
+        _, prefill = build_extend(runner, reqs, 0, ctx)
+        with torch.no_grad():
+            runner.forward(prefill)
+        ids = torch.tensor([list(r.origin_input_ids) for r in reqs], dtype=torch.int64)
+        cache = DynamicCache()
+        with torch.no_grad():
+            model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True)
+        times = {(kind, n): [] for kind in ("bare", "served") for n in args.num_tokens}
+        order = list(times)
+        for i in range(args.warmup + args.iters):
+            rng.shuffle(order)
+            for kind, n in order:
+                if kind == "bare":
+                    t = _bare_forward(model, cache, ids[:, ctx : ctx + n], ctx)
+                else:
+                    t = _served_forward(runner, reqs, ctx, n)
+                if i >= args.warmup:
+                    times[(kind, n)].append(t * 1e3)
+        for n in args.num_tokens:
+            point = {"batch_size": bs, "num_tokens": n, "ctx_len": ctx}
+            for kind in ("bare", "served"):
+                point[f"{kind}_ms"] = statistics.median(times[(kind, n)])
+            points.append(point)
+            print(f"{Path(model_path).name} bs={bs} n={n}: bare {point['bare_ms']:.2f} ms,"
+                  f" served {point['served_ms']:.2f} ms", flush=True)  # fmt: skip
+    return {"model": model_path, "torch_threads": torch.get_num_threads(), "points": points}
+
+
+# ---- orchestration: ABBA over the two models, pooled ----------------------------------------
+
+
+def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", model,
+           "--json", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, env=os.environ.copy())
+    return json.loads(out.read_text())
+
+
+def pool_runs(runs: list[dict]) -> list[dict]:
+    """Median over runs of each (model, batch size, tokens) point's medians."""
+    pooled: dict[tuple, dict] = {}
+    for run in runs:
+        for p in run["points"]:
+            key = (run["model"], p["batch_size"], p["num_tokens"])
+            entry = pooled.setdefault(key, {"bare": [], "served": []})
+            entry["bare"].append(p["bare_ms"])
+            entry["served"].append(p["served_ms"])
+    rows = []
+    for (model, bs, n), entry in pooled.items():
+        bare, served = statistics.median(entry["bare"]), statistics.median(entry["served"])
+        rows.append({"model": model, "batch_size": bs, "num_tokens": n, "bare_ms": bare,
+                     "served_ms": served, "served_over_bare": served / bare})  # fmt: skip
+    return rows
+
+
+def summary(rows: list[dict], target: str, draft: str) -> dict:
+    """T(n)/T(1) per model and batch size, draft/target per shape (served forwards)."""
+    served = {(r["model"], r["batch_size"], r["num_tokens"]): r["served_ms"] for r in rows}
+    tau = {}
+    share = {}
+    for model, bs, n in served:
+        if n != 1:
+            tau[f"{Path(model).name} bs={bs} T({n})/T(1)"] = (
+                served[(model, bs, n)] / served[(model, bs, 1)]
+            )
+        if model == draft and (target, bs, n) in served:
+            share[f"bs={bs} n={n}"] = served[(draft, bs, n)] / served[(target, bs, n)]
+    return {"served_tau": tau, "draft_over_target": share}
+
+
+def main(argv: list[str]) -> dict:
+    args = parse_args(argv)
+    from sgl_spec.models.registry import resolve_model_path
+
+    if args.worker is not None:
+        result = run_worker(resolve_model_path(args.worker), args)
+        Path(args.json).write_text(json.dumps(result) + "\n")
+        return result
+    target, draft = (resolve_model_path(m) for m in args.models.split(","))
+    passthrough = [a for a in argv if not a.startswith("--json") and a != args.json]
+    tmp = Path(args.json).with_suffix(".runs")
+    tmp.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for r in range(args.rounds):
+        for i, model in enumerate((target, draft, draft, target)):
+            runs.append(_spawn(model, args, passthrough, tmp / f"r{r}_{i}.json"))
+    rows = pool_runs(runs)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "command": " ".join(["benchmarks/forward_cost.py", *argv]),
+        "host": host_info(),
+        "torch_threads": runs[0]["torch_threads"],
+        "target": target,
+        "draft": draft,
+        "rows": rows,
+        **summary(rows, target, draft),
+    }
+    print(f"{'model':<20} {'bs':>3} {'n':>3} {'bare ms':>9} {'served ms':>10} {'served/bare':>12}")
+    for r in rows:
+        print(f"{Path(r['model']).name:<20} {r['batch_size']:>3} {r['num_tokens']:>3}"
+              f" {r['bare_ms']:>9.2f} {r['served_ms']:>10.2f} {r['served_over_bare']:>12.2f}")  # fmt: skip
+    for key, value in {**result["served_tau"], **result["draft_over_target"]}.items():
+        print(f"{key}: {value:.2f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    for f in tmp.glob("*.json"):
+        f.unlink()
+    tmp.rmdir()
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -6,19 +6,18 @@ request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_di
 
 Cost: at served sizes (a few queries per request against tens to hundreds of keys, batch
 1-16) time goes to memory traffic and per-op overhead, not arithmetic. So K and V are
-gathered once (``index_select``) and cast in one more copy straight into the head-major
-layout the matmuls read; grouped query heads become extra query rows of their KV head (a
-view, not a repeat); and a mask is built only where some key is hidden (a full-length decode
-has none).
+gathered once (``index_select``) and handed to the attention as a head-major view, without
+another copy; grouped query heads become extra query rows of their KV head (a view, not a
+repeat); a mask is built only where some key is hidden (a full-length decode has none); and
+without logit cap or sinks the product runs in PyTorch's fused CPU attention
+(``scaled_dot_product_attention``).
 A batch whose padding would waste most of the work (``_MAX_PAD``) runs request by request.
 
-Precision: scores, softmax and the weighted sum run in float64 and are rounded once to the
-output dtype. Float32 matmuls are not an option for losslessness: MKL picks its kernels by
-shape, so the bits of one query row depend on how many rows and keys share the call, and a
-token decoded alone (decode) would differ from the same token inside a verify block (extend)
-in the last bits. In float64 those differences are ~1e-15 relative and vanish in the final
-rounding except within that distance of a float32 rounding tie, so decode and extend give
-the same float32 bits (tests check it over many shapes), as greedy losslessness needs.
+Precision: float32 throughout, as the model's linear layers. A token decoded alone and the
+same token inside a verify block agree up to float32 rounding, not bit for bit (the kernels'
+blocking depends on how many rows share a call, as MKL's and oneDNN's GEMMs do for the
+linear layers, whose 1-row and n-row bits already differ); greedy losslessness is checked end
+to end by each algorithm's test against the non-speculative server.
 ``attention_reference`` keeps the plain dense version as an oracle.
 """
 
@@ -27,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels.registry import OpDef
 
-_ACC = torch.float64
+_ACC = torch.float32
 # A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
 # than _MAX_PAD times the real query-key pairs and over _SMALL_PAIRS of them (a ragged prefill
 # batch); then it runs one request at a time, paying those ops per request.
@@ -125,19 +125,21 @@ def _gather_heads(
     scale: float,
     override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """``buffer[rows] * scale`` as ``[B, Hkv, L, D]`` in ``_ACC``, gathered and cast once.
+    """``buffer[rows] * scale`` as a ``[B, Hkv, L, D]`` view in ``_ACC``, gathered once.
 
     ``override = (b, j, values [T, Hkv, D])`` replaces keys ``(b[t], j[t])`` by ``values[t]``
     (the extend K/V passed to the op, which the pool may not hold)."""
     num, length = rows.shape
     heads, dim = buffer.shape[1], buffer.shape[2]
     gathered = buffer.index_select(0, rows.reshape(-1)).view(num, length, heads, dim)
-    out = torch.empty((num, heads, length, dim), dtype=_ACC, device=buffer.device)
-    out.copy_(gathered.transpose(1, 2))
+    if gathered.dtype != _ACC:
+        gathered = gathered.to(_ACC)
     if override is not None:
         b, j, values = override
-        out.transpose(1, 2)[b, j] = values.to(_ACC)
-    return out.mul_(scale) if scale != 1.0 else out
+        gathered[b, j] = values.to(_ACC)
+    if scale != 1.0:
+        gathered.mul_(scale)
+    return gathered.transpose(1, 2)
 
 
 def _queries(q: torch.Tensor, num_kv_heads: int, sm_scale: float) -> torch.Tensor:
@@ -163,6 +165,14 @@ def attend(
     ``logit_cap > 0`` applies ``cap * tanh(s / cap)`` to the scaled scores; ``sinks`` adds one
     per-head logit to the softmax denominator only (attention-sink models). A query that
     sees no key at all gets NaN (only padding rows, which callers drop)."""
+    if logit_cap <= 0 and sinks is None:
+        mask = None
+        if hidden is not None:
+            num, n, length = hidden.shape
+            group = q.shape[2] // n
+            visible = ~hidden[:, None, :, None, :]  # [B, 1, n, 1, L]
+            mask = visible.expand(num, 1, n, group, length).reshape(num, 1, n * group, length)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     scores = torch.matmul(q, k.transpose(-1, -2))  # [B, Hkv, R, L]
     num, kv_heads, rows, length = scores.shape
     if logit_cap > 0:
@@ -237,7 +247,7 @@ def _decode(
     v = _gather_heads(v_cache, rows, params.value_scale)
     q = _queries(query[:, None], k.shape[1], params.sm_scale)
     out = attend(q, k, v, hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
-    output.copy_(out.view(output.shape))
+    output.copy_(out.reshape(output.shape))
 
 
 def extend_attention(
@@ -332,7 +342,7 @@ def _extend(
         _queries(queries, k.shape[1], params.sm_scale), k, v, hidden, params.logit_cap, params.sinks
     )  # [B, Hkv, n * g, Dv]
     heads, dim_v = o.shape[1], o.shape[2]
-    out = out.view(num, k.shape[1], n, heads // k.shape[1], dim_v).transpose(1, 2)
+    out = out.reshape(num, k.shape[1], n, heads // k.shape[1], dim_v).transpose(1, 2)
     if token is None:
         o[: num * n].view(out.shape).copy_(out)
     else:

@@ -1,0 +1,74 @@
+"""The forward-cost pooling and the step cost model, on constructed measurements."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import cost_model  # noqa: E402
+import forward_cost  # noqa: E402
+
+
+def _forward_cost() -> dict:
+    rows = []
+    for model, per_token in (("T", 1.0), ("D", 0.25)):
+        for n, ms in ((1, 10.0), (4, 13.0), (16, 25.0)):
+            rows.append({"model": model, "batch_size": 1, "num_tokens": n,
+                         "served_ms": ms * per_token, "bare_ms": ms})  # fmt: skip
+    rows.append({"model": "T", "batch_size": 8, "num_tokens": 1, "served_ms": 99.0})
+    return {"target": "T", "draft": "D", "rows": rows}
+
+
+def test_interpolate_between_and_past_measured_points() -> None:
+    points = {1: 10.0, 4: 13.0, 16: 25.0}
+    assert cost_model.interpolate(points, 4) == 13.0
+    assert cost_model.interpolate(points, 2) == pytest.approx(11.0)
+    assert cost_model.interpolate(points, 9) == pytest.approx(18.0)
+    assert cost_model.interpolate(points, 20) == pytest.approx(29.0)
+
+
+def test_step_costs_and_predicted_speedup() -> None:
+    bench = {"runs": [
+        {"algorithm": "none", "mean_accept_length": None, "ratios": {}},
+        {"algorithm": "standalone", "mean_accept_length": 3.0,
+         "ratios": {"output_throughput": 1.1, "output_throughput_paired": 1.05}},
+        {"algorithm": "mtp_lora", "mean_accept_length": 2.0, "ratios": {"output_throughput": 0.9}},
+        {"algorithm": "specblock", "mean_accept_length": 3.5, "draft_share_pct": 50.0,
+         "ratios": {"output_throughput": 0.8}},
+        {"algorithm": "hf", "mean_accept_length": None, "ratios": {"output_throughput": 0.7}},
+    ]}  # fmt: skip
+    args = cost_model.parse_args(["--forward-cost", "x", "--bench", "y"])
+    rows = {r["algorithm"]: r for r in cost_model.model_rows(_forward_cost(), bench, args)}
+    # standalone, 3 steps: target 4 tokens (13) + 2 draft decodes (2.5 each) + draft 5 tokens
+    standalone = 13.0 + 2 * 2.5 + 0.25 * 14.0
+    assert rows["standalone"]["step_in_decodes"] == pytest.approx(standalone / 10.0)
+    assert rows["standalone"]["predicted_speedup"] == pytest.approx(3.0 * 10.0 / standalone)
+    assert rows["standalone"]["measured_speedup"] == 1.05  # the paired ratio when present
+    assert rows["standalone"]["accept_needed"] == pytest.approx(1.3 * standalone / 10.0)
+    assert rows["mtp_lora"]["predicted_speedup"] == pytest.approx(2.0 * 10.0 / 18.0)  # 9 tokens
+    assert rows["specblock"]["step_in_decodes"] == pytest.approx(2 * 17.0 / 10.0)  # 8 nodes
+    assert "predicted_speedup" not in rows["hf"]
+    assert "none" not in rows
+
+
+def test_forward_cost_pools_rounds_by_median_and_summarises() -> None:
+    def run(model: str, served: float) -> dict:
+        return {"model": model, "points": [
+            {"batch_size": 1, "num_tokens": 1, "bare_ms": 10.0, "served_ms": served},
+            {"batch_size": 1, "num_tokens": 4, "bare_ms": 12.0, "served_ms": 2 * served},
+        ]}  # fmt: skip
+
+    rows = forward_cost.pool_runs([run("T", 10.0), run("T", 14.0), run("T", 12.0),
+                                   run("D", 2.0), run("D", 3.0)])  # fmt: skip
+    by_key = {(r["model"], r["num_tokens"]): r for r in rows}
+    assert by_key[("T", 1)]["served_ms"] == 12.0
+    assert by_key[("T", 1)]["served_over_bare"] == pytest.approx(1.2)
+    assert by_key[("D", 4)]["served_ms"] == 5.0
+    summary = forward_cost.summary(rows, "T", "D")
+    assert summary["served_tau"]["T bs=1 T(4)/T(1)"] == pytest.approx(2.0)
+    assert summary["draft_over_target"]["bs=1 n=1"] == pytest.approx(2.5 / 12.0)

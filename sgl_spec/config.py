@@ -24,7 +24,7 @@ SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
 # and 32 (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
 SPECBLOCK_SHIPPED_MAX_NODES = 8
 MINEDRAFT_DRAFTERS = ("model", "specblock")
-CPU_LINEAR_CHOICES = ("fast", "aten")
+CPU_LINEAR_CHOICES = ("onednn", "aten")
 
 
 class ConfigError(ValueError):
@@ -37,7 +37,7 @@ class SpecConfig:
     cpu_lossless_sampling: bool = True  # --sgl-spec-no-cpu-lossless-sampling disables the patch
     # --sgl-spec-standalone-shifted-draft: keep EAGLE's shifted draft layout for STANDALONE
     standalone_full_context: bool = True
-    cpu_linear: str = "fast"  # --sgl-spec-cpu-linear: float32 CPU linears, fast or aten
+    cpu_linear: str = "onednn"  # --sgl-spec-cpu-linear: float32 CPU linears via onednn or aten
     mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
     mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
@@ -161,11 +161,10 @@ class SpecConfig:
         group.add_argument(
             "--sgl-spec-cpu-linear",
             dest="sgl_spec_cpu_linear",
-            default="fast",
-            help="On a CPU-only host, run float32 linear layers and the LM head as few-row MKL"
-            " products on the transposed problem and oneDNN inner products (fast, default;"
-            " faster than F.linear at decode and verify sizes, markedly on non-Intel CPUs), or"
-            " keep SGLang's F.linear / matmul (aten).",
+            default="onednn",
+            help="On a CPU-only host, run float32 linear layers and the LM head through oneDNN"
+            " (default; faster than MKL's sgemm at decode sizes, markedly on non-Intel CPUs)"
+            " or keep SGLang's aten F.linear / matmul (aten).",
         )
         group.add_argument(
             "--mtp-lora-path",

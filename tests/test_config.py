@@ -221,7 +221,7 @@ def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:
 
 
 def test_cpu_linear_choice() -> None:
-    assert split_argv([])[0].cpu_linear == "fast"
+    assert split_argv([])[0].cpu_linear == "onednn"
     assert split_argv(["--sgl-spec-cpu-linear", "aten"])[0].cpu_linear == "aten"
     with pytest.raises(ConfigError, match="--sgl-spec-cpu-linear"):
         split_argv(["--sgl-spec-cpu-linear", "mkl"])

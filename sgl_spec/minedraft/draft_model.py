@@ -62,12 +62,6 @@ def build_model_runner(
     kind, _, index = device.partition(":")
     gpu_id = int(index or 0) if kind != "cpu" else 0
     on_cpu = kind == "cpu"
-    if on_cpu:  # this process loads no SGLang plugins: the serving patch that applies here
-        from sgl_spec.config import SpecConfig
-        from sgl_spec.patches import cpu_fast_linear
-
-        if cpu_fast_linear.enabled(SpecConfig.from_env()):
-            cpu_fast_linear.apply()
     server_args = ServerArgs(
         model_path=model_path,
         device=kind,

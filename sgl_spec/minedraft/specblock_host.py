@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from sgl_spec.minedraft.draft_model import DraftStateError, SequenceTable
-from sgl_spec.patches.cpu_fast_linear import route_linears
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.packing import context_visibility
@@ -84,9 +83,7 @@ class SpecBlockChainModel(SequenceTable):
         """The drafter at ``path`` on ``device``: fp32 on CPU, bf16 on CUDA."""
         drafter = SpecBlockDrafter.from_pretrained(path)
         dtype = torch.float32 if device.startswith("cpu") else torch.bfloat16
-        drafter = drafter.to(device=device, dtype=dtype)
-        route_linears(drafter)  # float32 on CPU: oneDNN, as SGLang's own layers
-        return cls(drafter, num_steps, max_context_len)
+        return cls(drafter.to(device=device, dtype=dtype), num_steps, max_context_len)
 
     # -- sequence state ----------------------------------------------------------------------
 

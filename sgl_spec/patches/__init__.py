@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 def all_patches() -> list:
     from sgl_spec.patches import (
-        cpu_fast_linear,
+        cpu_onednn_linear,
         cpu_spec_sampling,
         prompt_validation,
         specblock_kv_budget,
@@ -25,7 +25,7 @@ def all_patches() -> list:
     )
 
     return [
-        cpu_fast_linear,
+        cpu_onednn_linear,
         cpu_spec_sampling,
         prompt_validation,
         specblock_kv_budget,

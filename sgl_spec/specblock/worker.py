@@ -28,7 +28,6 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
-from sgl_spec.patches.cpu_fast_linear import route_linears
 from sgl_spec.specblock.adapt_serving import OnlineAdapter
 from sgl_spec.specblock.algorithm import check_target_fit, runtime_settings
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
@@ -124,9 +123,7 @@ class SpecBlockWorker(BaseSpecWorker):
         except CheckpointError as exc:
             raise ValueError(f"--specblock-drafter-path: {exc}") from exc
         check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
-        drafter = drafter.to(device=self.device, dtype=self.model_runner.dtype).eval()
-        route_linears(drafter)  # float32 on CPU: oneDNN, as SGLang's own layers
-        return drafter
+        return drafter.to(device=self.device, dtype=self.model_runner.dtype).eval()
 
     def _capture_target_features(self, layer_ids: tuple[int, ...]) -> torch.Tensor:
         """Ask the target for the outputs of ``layer_ids`` as EAGLE-3 does; SGLang captures

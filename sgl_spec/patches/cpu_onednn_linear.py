@@ -1,15 +1,13 @@
-"""Patch: float32 linear layers and the LM head without MKL's slow paths on CPU hosts.
+"""Patch: float32 linear layers and the LM head through oneDNN on CPU hosts.
 
 Upstream targets (SGLang 0.5.23): ``sglang.srt.layers.quantization.unquant``'s
 ``UnquantizedLinearMethod.apply`` and ``sglang.srt.layers.logits_processor``'s
 ``LogitsProcessor._compute_lm_head``. For float32 weights SGLang's CPU engine does not pack
 (``amx_utils.dtype_is_supported`` takes 16-bit and 8-bit types only), so every projection runs
-``F.linear`` / ``torch.matmul``: MKL's sgemm with the activations as the left operand, whose
-kernels at decode and verify sizes (1-16 rows) stream the weight at a fraction of the memory
-bandwidth, markedly on non-Intel x86 CPUs. Instead, few rows go to MKL as the transposed
-problem ``W @ xᵀ`` (one row padded to two), more rows to oneDNN's inner product
-(``torch.ops.mkldnn._linear_pointwise``, the op inductor's freezing pass emits), both on the
-plain row-major weight as loaded, so nothing is converted and no memory is added.
+``F.linear`` / ``torch.matmul``, i.e. MKL's sgemm. MKL picks slow kernels on non-Intel x86 CPUs
+and at few rows repacks the weight on every call; oneDNN's inner product
+(``torch.ops.mkldnn._linear_pointwise``, the op inductor's freezing pass emits) reads the plain
+row-major weight as it is, so nothing is converted at load and no memory is added.
 ``benchmarks/forward_cost.py`` measures what it changes in a served forward.
 
 Both wrappers fall through to upstream for everything else: other dtypes, other devices,
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 from types import ModuleType
 
 import torch
@@ -35,7 +32,7 @@ LOGITS_TARGET = "sglang.srt.layers.logits_processor"
 
 
 def enabled(config: SpecConfig) -> bool:
-    return config.cpu_linear == "fast"
+    return config.cpu_linear == "onednn"
 
 
 def _modules() -> tuple[ModuleType, ModuleType]:
@@ -44,9 +41,9 @@ def _modules() -> tuple[ModuleType, ModuleType]:
     return importlib.import_module(TARGET), importlib.import_module(LOGITS_TARGET)
 
 
-def fast_linear_usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``x @ weight.T + bias`` can take ``fast_linear``: float32 on CPU, dense 2-D
-    weight, inference only, at least one row."""
+def onednn_usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``x @ weight.T + bias`` can go to oneDNN: float32 on CPU, dense 2-D weight,
+    inference only, at least one row."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
@@ -63,30 +60,15 @@ def fast_linear_usable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     )
 
 
-# Up to this many rows, MKL's sgemm on the transposed problem (``W @ xᵀ``: the weight as the
-# tall left operand) streams the weight faster than oneDNN's inner product; one row is padded
-# to two, because MKL's single-vector path is the slow one. ``benchmarks/forward_cost.py``
-# measures the served forward either way.
-_FEW_ROWS = 5
-
-
-def fast_linear(
+def onednn_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` on CPU float32 without MKL's slow paths (callers check
-    ``fast_linear_usable``): few rows as ``W @ xᵀ`` in MKL, more through oneDNN."""
+    """``F.linear(x, weight, bias)`` by oneDNN's inner product (callers check
+    ``onednn_usable``)."""
     rows = x.reshape(-1, x.shape[-1])
-    num = rows.shape[0]
-    if num <= _FEW_ROWS:
-        padded = rows.repeat(2, 1) if num == 1 else rows
-        out = torch.mm(weight, padded.t()).t()[:num]
-        if bias is not None:
-            out = out + bias
-        out = out.contiguous()
-    else:
-        if not rows.is_contiguous():
-            rows = rows.contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -102,12 +84,12 @@ def check() -> None:
             f"{LOGITS_TARGET}.LogitsProcessor._compute_lm_head params changed: {head_params}"
         )
     if not hasattr(unquant, "_is_cpu"):
-        raise RuntimeError(f"{TARGET} lacks _is_cpu: patch cpu_fast_linear needs updating")
+        raise RuntimeError(f"{TARGET} lacks _is_cpu: patch cpu_onednn_linear needs updating")
     for name in ("use_intel_amx_backend", "should_apply_lm_head_quant_method"):
         if not hasattr(logits, name) and not hasattr(unquant, name):
-            raise RuntimeError(f"SGLang lacks {name}: patch cpu_fast_linear needs updating")
+            raise RuntimeError(f"SGLang lacks {name}: patch cpu_onednn_linear needs updating")
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        raise RuntimeError("torch lacks mkldnn._linear_pointwise: patch cpu_fast_linear")
+        raise RuntimeError("torch lacks mkldnn._linear_pointwise: patch cpu_onednn_linear")
 
 
 def _plain_lm_head(processor: object, lm_head: torch.nn.Module) -> bool:
@@ -135,7 +117,7 @@ def apply() -> bool:
     if not unquant._is_cpu or not torch.backends.mkldnn.is_available():
         return False
     method = unquant.UnquantizedLinearMethod
-    if getattr(method.apply, "_sgl_spec_fast_linear", False):
+    if getattr(method.apply, "_sgl_spec_onednn", False):
         return True
     from sglang.srt.utils.common import use_intel_amx_backend
 
@@ -146,11 +128,11 @@ def apply() -> bool:
         self: object, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         weight = layer.weight
-        if not use_intel_amx_backend(layer) and fast_linear_usable(x, weight, bias):
-            return fast_linear(x, weight, bias)
+        if not use_intel_amx_backend(layer) and onednn_usable(x, weight, bias):
+            return onednn_linear(x, weight, bias)
         return original_apply(self, layer, x, bias)
 
-    linear_apply._sgl_spec_fast_linear = True  # type: ignore[attr-defined]
+    linear_apply._sgl_spec_onednn = True  # type: ignore[attr-defined]
     method.apply = linear_apply
 
     processor = logits.LogitsProcessor
@@ -169,32 +151,10 @@ def apply() -> bool:
         if (
             weight is not None
             and _plain_lm_head(self, lm_head)
-            and fast_linear_usable(hidden_states, weight, None)
+            and onednn_usable(hidden_states, weight, None)
         ):
-            return fast_linear(hidden_states, weight)
+            return onednn_linear(hidden_states, weight)
         return original_head(self, hidden_states, lm_head, embedding_bias, out=out)
 
     processor._compute_lm_head = compute_lm_head
     return True
-
-
-def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if fast_linear_usable(x, self.weight, self.bias):
-        return fast_linear(x, self.weight, self.bias)
-    return torch.nn.functional.linear(x, self.weight, self.bias)
-
-
-def route_linears(module: torch.nn.Module, config: SpecConfig | None = None) -> int:
-    """Run the ``nn.Linear`` layers of one of our own models (a drafter SGLang does not load)
-    through ``fast_linear`` where ``fast_linear_usable`` holds, as the patch does for SGLang's layers; the
-    weights stay in place, so trained weights copied in later are used. Returns how many
-    layers were routed (0 when ``--sgl-spec-cpu-linear aten`` or without oneDNN)."""
-    config = SpecConfig.from_env() if config is None else config
-    if not enabled(config) or not torch.backends.mkldnn.is_available():
-        return 0
-    routed = 0
-    for layer in module.modules():
-        if type(layer) is torch.nn.Linear and layer.weight.device.type == "cpu":
-            layer.forward = types.MethodType(_linear_forward, layer)
-            routed += 1
-    return routed

@@ -24,7 +24,6 @@ SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
 # and 32 (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
 SPECBLOCK_SHIPPED_MAX_NODES = 8
 MINEDRAFT_DRAFTERS = ("model", "specblock")
-CPU_LINEAR_CHOICES = ("onednn", "aten")
 
 
 class ConfigError(ValueError):
@@ -37,7 +36,6 @@ class SpecConfig:
     cpu_lossless_sampling: bool = True  # --sgl-spec-no-cpu-lossless-sampling disables the patch
     # --sgl-spec-standalone-shifted-draft: keep EAGLE's shifted draft layout for STANDALONE
     standalone_full_context: bool = True
-    cpu_linear: str = "onednn"  # --sgl-spec-cpu-linear: float32 CPU linears via onednn or aten
     mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
     mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
     mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
@@ -62,11 +60,6 @@ class SpecConfig:
             raise ConfigError(
                 f"--sgl-spec-cpu-defaults must be one of {', '.join(CPU_FALLBACK_CHOICES)};"
                 f" got {self.cpu_defaults!r}"
-            )
-        if self.cpu_linear not in CPU_LINEAR_CHOICES:
-            raise ConfigError(
-                f"--sgl-spec-cpu-linear must be one of {', '.join(CPU_LINEAR_CHOICES)};"
-                f" got {self.cpu_linear!r}"
             )
         if self.mtp_k is not None and self.mtp_k != "auto":
             if not self.mtp_k.isdigit() or not 0 <= int(self.mtp_k) <= MAX_MTP_K:
@@ -157,14 +150,6 @@ class SpecConfig:
             help="Keep SGLang's STANDALONE draft layout, which shifts the draft's input ids"
             " left by one and so drops token 0 from its context; by default sgl-spec patches"
             " the draft to see the whole sequence.",
-        )
-        group.add_argument(
-            "--sgl-spec-cpu-linear",
-            dest="sgl_spec_cpu_linear",
-            default="onednn",
-            help="On a CPU-only host, run float32 linear layers and the LM head through oneDNN"
-            " (default; faster than MKL's sgemm at decode sizes, markedly on non-Intel CPUs)"
-            " or keep SGLang's aten F.linear / matmul (aten).",
         )
         group.add_argument(
             "--mtp-lora-path",
@@ -304,7 +289,6 @@ class SpecConfig:
             cpu_defaults=ns.sgl_spec_cpu_defaults,
             cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
             standalone_full_context=not ns.sgl_spec_standalone_shifted_draft,
-            cpu_linear=ns.sgl_spec_cpu_linear,
             mtp_lora_path=ns.mtp_lora_path,
             mtp_k=ns.mtp_k,
             mtp_gamma_table=ns.mtp_gamma_table,

@@ -218,10 +218,3 @@ def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:
     assert fill_specblock_defaults(mine, argv).specblock_drafter_path == str(tmp_path)
     with pytest.raises(ConfigError, match="--minedraft-drafter specblock: .* no config.json"):
         check_launch_args(mine, argv)
-
-
-def test_cpu_linear_choice() -> None:
-    assert split_argv([])[0].cpu_linear == "onednn"
-    assert split_argv(["--sgl-spec-cpu-linear", "aten"])[0].cpu_linear == "aten"
-    with pytest.raises(ConfigError, match="--sgl-spec-cpu-linear"):
-        split_argv(["--sgl-spec-cpu-linear", "mkl"])

@@ -17,20 +17,13 @@ logger = logging.getLogger(__name__)
 
 def all_patches() -> list:
     from sgl_spec.patches import (
-        cpu_onednn_linear,
         cpu_spec_sampling,
         prompt_validation,
         specblock_kv_budget,
         standalone_full_context,
     )
 
-    return [
-        cpu_onednn_linear,
-        cpu_spec_sampling,
-        prompt_validation,
-        specblock_kv_budget,
-        standalone_full_context,
-    ]
+    return [cpu_spec_sampling, prompt_validation, specblock_kv_budget, standalone_full_context]
 
 
 def apply_patches(config: SpecConfig) -> list[str]:

@@ -13,7 +13,13 @@ tokens and 1, 4, 16 new tokens per request, it times in one process per model:
   backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
 
 Bare and served forwards of each shape alternate in a shuffled order, so drift hits both
-alike. The models run in separate processes in ABBA order (``--rounds``), and medians pool
+alike; each process gets the launcher's malloc settings.
+
+Caveat: the served forward here runs in a plain Python process, not in a scheduler process;
+on the AMD host of RESULTS' session-16 entry its 1-row float32 linears ran MKL's generic
+sgemv (py-spy) where samples of the served scheduler showed PyTorch's own GEMM kernel, and
+served times here exceeded the server's per-token time at batch 1. Compare its ratios with
+``bench_speculative.py``'s, not its absolute times with the server's. The models run in separate processes in ABBA order (``--rounds``), and medians pool
 over rounds. Printed: served/bare per shape, served T(4)/T(1) and T(16)/T(1) per model and
 batch size, and the served draft forward as a share of the served target forward.
 """
@@ -195,9 +201,12 @@ def run_worker(model_path: str, args: argparse.Namespace) -> dict:
 
 
 def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
+    from sgl_spec.launch_server import CPU_MALLOC_ENV
+
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", model,
            "--json", str(out)]  # fmt: skip
-    subprocess.run(cmd, check=True, env=os.environ.copy())
+    env = {**CPU_MALLOC_ENV, **os.environ}  # the server's malloc settings, unless set already
+    subprocess.run(cmd, check=True, env=env)
     return json.loads(out.read_text())
 
 

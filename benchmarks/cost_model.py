@@ -16,9 +16,13 @@ prediction is an upper bound on what the engine can give at that acceptance. Per
 - ``specblock`` (``n`` tree nodes): a target verify of ``n`` tokens plus the drafter, whose
   share of the step (T_D%) the server measures, so that row is part measured.
 
+The measured step, in target decodes, follows from the measured speedup and acceptance
+(speedup = acceptance x T(1) / step); its excess over the forward-cost step is the served
+step's work outside the forwards.
+
 Forward costs are ``forward_cost.py``'s served medians at batch 1, interpolated linearly in
 the token count between its measured points. Printed per algorithm: the step cost in target
-decodes, the measured acceptance (tokens per step), the predicted and measured speedup over
+decodes (forward costs, then measured), the measured acceptance (tokens per step), the predicted and measured speedup over
 ``none``, and the acceptance a step of that cost would need for a given speedup (``--target``).
 """
 
@@ -101,6 +105,8 @@ def model_rows(forward_cost: dict, bench: dict, args: argparse.Namespace) -> lis
             "ratios", {}
         ).get("output_throughput")
         row = {"algorithm": name, "accept": accept, "measured_speedup": measured}
+        if accept and measured:  # speedup = accept * T(1) / step, so step / T(1) follows
+            row["measured_step_in_decodes"] = accept / measured
         if cost is not None and accept:
             row.update(
                 step_in_decodes=cost / decode,
@@ -121,11 +127,11 @@ def main(argv: list[str]) -> list[dict]:
     forward_cost = json.loads(Path(args.forward_cost).read_text())
     bench = json.loads(Path(args.bench).read_text())
     rows = model_rows(forward_cost, bench, args)
-    print(f"{'algorithm':<16} {'step/decode':>11} {'accept':>7} {'predicted':>10} "
-          f"{'measured':>9} {f'accept for {args.target}x':>17}")  # fmt: skip
+    print(f"{'algorithm':<16} {'step/decode':>11} {'measured':>9} {'accept':>7} "
+          f"{'predicted':>10} {'measured':>9} {f'accept for {args.target}x':>17}")  # fmt: skip
     for r in rows:
         print(f"{r['algorithm']:<16} {_fmt(r.get('step_in_decodes'), '11.2f')} "
-              f"{_fmt(r['accept'], '7.2f')} {_fmt(r.get('predicted_speedup'), '10.2f')} "
+              f"{_fmt(r.get('measured_step_in_decodes'), '9.2f')} {_fmt(r['accept'], '7.2f')} {_fmt(r.get('predicted_speedup'), '10.2f')} "
               f"{_fmt(r['measured_speedup'], '9.2f')} {_fmt(r.get('accept_needed'), '17.2f')}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(

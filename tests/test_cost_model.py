@@ -49,6 +49,7 @@ def test_step_costs_and_predicted_speedup() -> None:
     assert rows["standalone"]["step_in_decodes"] == pytest.approx(standalone / 10.0)
     assert rows["standalone"]["predicted_speedup"] == pytest.approx(3.0 * 10.0 / standalone)
     assert rows["standalone"]["measured_speedup"] == 1.05  # the paired ratio when present
+    assert rows["standalone"]["measured_step_in_decodes"] == pytest.approx(3.0 / 1.05)
     assert rows["standalone"]["accept_needed"] == pytest.approx(1.3 * standalone / 10.0)
     assert rows["mtp_lora"]["predicted_speedup"] == pytest.approx(2.0 * 10.0 / 18.0)  # 9 tokens
     assert rows["specblock"]["step_in_decodes"] == pytest.approx(2 * 17.0 / 10.0)  # 8 nodes

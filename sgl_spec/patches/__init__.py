@@ -18,12 +18,19 @@ logger = logging.getLogger(__name__)
 def all_patches() -> list:
     from sgl_spec.patches import (
         cpu_spec_sampling,
+        cuda_optional_kernels,
         prompt_validation,
         specblock_kv_budget,
         standalone_full_context,
     )
 
-    return [cpu_spec_sampling, prompt_validation, specblock_kv_budget, standalone_full_context]
+    return [
+        cpu_spec_sampling,
+        cuda_optional_kernels,
+        prompt_validation,
+        specblock_kv_budget,
+        standalone_full_context,
+    ]
 
 
 def apply_patches(config: SpecConfig) -> list[str]:

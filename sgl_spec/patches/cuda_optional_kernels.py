@@ -1,0 +1,86 @@
+"""Patch: serve on a CUDA host that lacks SGLang's optional kernel packages.
+
+Upstream targets (SGLang 0.5.23):
+- ``sglang.srt.layers.dual_gemm.DualGemm._select_mode`` imports the CuTe-DSL dual-GEMM module
+  (``import cutlass``, package nvidia-cutlass-dsl) for every dense MLP on CUDA, before it looks
+  at the dtype: without that package no Llama/Qwen model loads. Where ``cutlass`` is absent the
+  patched method answers "no dual GEMM", the path SGLang takes for any layer the kernel cannot
+  serve (separate gate/up GEMM + activation).
+- ``sglang.srt.speculative.eagle_utils``: the sampled (temperature > 0) verify of
+  STANDALONE/EAGLE calls ``tree_speculative_sampling_target_only`` and the top-k/top-p
+  renormalisation, which build on flashinfer on CUDA. Where flashinfer is absent they are
+  replaced by the PyTorch versions the CPU path uses (``sgl_spec.verify.tree_sampling``: the
+  same rejection-sampling law, host-side tree walk).
+
+Nothing changes where the packages are installed, or on a host without CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from sgl_spec.config import SpecConfig
+
+DUAL_GEMM = "sglang.srt.layers.dual_gemm"
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+_SAMPLING_NAMES = (
+    "tree_speculative_sampling_target_only",
+    "top_k_renorm_prob",
+    "top_p_renorm_prob",
+)
+
+
+def enabled(config: SpecConfig) -> bool:
+    return True  # a crash fix where the packages are missing, a no-op where they are present
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def check() -> None:
+    """Raise if the pinned SGLang no longer has the shape this patch expects."""
+    dual = _module(DUAL_GEMM)
+    if not callable(getattr(getattr(dual, "DualGemm", None), "_select_mode", None)):
+        raise RuntimeError(f"{DUAL_GEMM}.DualGemm._select_mode is gone: patch needs updating")
+    eagle = _module(EAGLE_UTILS)
+    missing = [n for n in _SAMPLING_NAMES if not hasattr(eagle, n)]
+    if missing:
+        raise RuntimeError(
+            f"{EAGLE_UTILS} lacks {missing}: patch cuda_optional_kernels needs updating"
+        )
+
+
+def missing_packages() -> list[str]:
+    """The optional kernel packages this patch stands in for that are not installed."""
+    return [name for name in ("cutlass", "flashinfer") if importlib.util.find_spec(name) is None]
+
+
+def apply(cuda: bool | None = None, missing: list[str] | None = None) -> bool:
+    """Install the fallbacks for the missing packages on a CUDA host; False when nothing to do.
+    ``cuda`` / ``missing`` default to this host's answers (tests pass them)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    missing = missing_packages() if missing is None else missing
+    if not cuda or not missing:
+        return False
+    check()
+    if "cutlass" in missing:
+        dual_gemm = _module(DUAL_GEMM).DualGemm
+
+        def select_mode(self, gate_up_proj, hidden_size):  # noqa: ANN001, ANN202, ARG001
+            return None
+
+        select_mode.__wrapped__ = dual_gemm._select_mode  # type: ignore[attr-defined]
+        dual_gemm._select_mode = select_mode
+    if "flashinfer" in missing:
+        from sgl_spec.verify import tree_sampling
+
+        eagle = _module(EAGLE_UTILS)
+        for name in _SAMPLING_NAMES:
+            setattr(eagle, name, getattr(tree_sampling, name))
+    return True

@@ -8,11 +8,12 @@ Work stays under ``__main__``: SGLang spawns its scheduler with multiprocessing 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 
-from sgl_spec.argv import has_flag
+from sgl_spec.argv import flag_value, has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
 from sgl_spec.model_defaults import (
     fill_mtp_defaults,
@@ -44,11 +45,33 @@ CPU_MALLOC_ENV = {
 }
 
 
+def checkpoint_dtype(model_path: str | None) -> str | None:
+    """The ``dtype`` (or legacy ``torch_dtype``) a local model directory's config.json names."""
+    if not model_path:
+        return None
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    value = config.get("dtype") or config.get("torch_dtype")
+    return value.removeprefix("torch.") if isinstance(value, str) else None
+
+
 def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
-    """SGLang's CPU-engine settings, each only where the user did not choose otherwise."""
+    """SGLang's CPU-engine settings, each only where the user did not choose otherwise.
+
+    A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
+    float16 (the GPU convention), and on a CPU without native half-precision matrix units a
+    half-precision GEMM runs in PyTorch's generic kernel, several times slower than float32's
+    BLAS (benchmarks/RESULTS.md)."""
     argv = list(argv)
     if not has_flag(argv, "--device"):
         argv += ["--device", "cpu"]
+    if not has_flag(argv, "--dtype") and checkpoint_dtype(flag_value(argv, "--model-path")) == (
+        "float32"
+    ):
+        argv += ["--dtype", "float32"]
     environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     for name, value in CPU_MALLOC_ENV.items():
         environ.setdefault(name, value)

@@ -65,6 +65,23 @@ def test_cpu_defaults_respect_user_choices() -> None:
     )
 
 
+def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:  # noqa: ANN001
+    """SGLang's ``--dtype auto`` would halve a float32 checkpoint to float16; on CPU the launcher
+    keeps float32 unless the user chose, and leaves other checkpoints to ``auto``."""
+    import json
+
+    fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
+    for path, dtype in ((fp32, "float32"), (bf16, "bfloat16")):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"torch_dtype": dtype}))
+    argv = apply_cpu_defaults(["--model-path", str(fp32)], {})
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert "--dtype" not in apply_cpu_defaults(["--model-path", str(bf16)], {})
+    assert "--dtype" not in apply_cpu_defaults(["--model-path", "no/such/dir"], {})
+    user = apply_cpu_defaults(["--model-path", str(fp32), "--dtype", "bfloat16"], {})
+    assert user.count("--dtype") == 1 and user[user.index("--dtype") + 1] == "bfloat16"
+
+
 def test_launcher_help_lists_sglang_and_our_flags() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sgl_spec.launch_server", "--help"],

@@ -62,9 +62,9 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     """SGLang's CPU-engine settings, each only where the user did not choose otherwise.
 
     A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
-    float16 (the GPU convention), and on a CPU without native half-precision matrix units a
-    half-precision GEMM runs in PyTorch's generic kernel, several times slower than float32's
-    BLAS (benchmarks/RESULTS.md)."""
+    float16 (the GPU convention); on a CPU without native half-precision matrix units a
+    half-precision GEMM runs in PyTorch's generic kernel, whose cost grows faster with the
+    rows of a verify block than float32's BLAS does (benchmarks/RESULTS.md)."""
     argv = list(argv)
     if not has_flag(argv, "--device"):
         argv += ["--device", "cpu"]

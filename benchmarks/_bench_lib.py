@@ -233,11 +233,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 BUILTIN_ALGORITHMS = frozenset(ALGORITHMS)
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+ENV_ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=.*")
 
 
 def register_variant(text: str) -> str:
-    """``--variant 'NAME=BASE --flag value ...'``: ``NAME`` runs ``BASE`` with the flags added
-    (they win over ``BASE``'s defaults). Returns ``NAME``; it joins :data:`ALGORITHMS`."""
+    """``--variant 'NAME=BASE [ENV=VALUE ...] [--flag value ...]'``: ``NAME`` runs ``BASE`` with
+    the flags added (they win over ``BASE``'s defaults) and the environment variables set for
+    its server only. Returns ``NAME``; it joins :data:`ALGORITHMS`."""
     name, sep, rest = text.partition("=")
     name = name.strip()
     try:
@@ -250,7 +252,12 @@ def register_variant(text: str) -> str:
         raise BenchError(
             f"--variant {text!r}: the name must be new and of letters, digits, '.', '_', '-'"
         )
-    base_name, flags = words[0], tuple(words[1:])
+    base_name, rest = words[0], list(words[1:])
+    env = []
+    while rest and ENV_ASSIGNMENT.fullmatch(rest[0]):
+        key, _, value = rest.pop(0).partition("=")
+        env.append((key, value))
+    flags = tuple(rest)
     if base_name not in BUILTIN_ALGORITHMS:
         raise BenchError(
             f"--variant {text!r}: unknown base {base_name!r};"
@@ -268,6 +275,7 @@ def register_variant(text: str) -> str:
         base,
         flags=(*base.flags, *flags),
         defaults=tuple((f, v) for f, v in base.defaults if f not in given),
+        env=(*base.env, *env),
     )
     return name
 

@@ -124,6 +124,15 @@ def test_variant_adds_flags_to_its_base_and_overrides_its_defaults(own_algorithm
     assert lib.server_flags(plain, ["--model-path", "M"])[-2:] == ["--max-running-requests", "2"]
 
 
+def test_variant_sets_environment_for_its_server_only(own_algorithms) -> None:  # noqa: ANN001
+    name = lib.register_variant("one-core=standalone-1core SGLSPEC_X=0 A_B=x=y --dtype float16")
+    spec = lib.ALGORITHMS[name]
+    assert spec.env == (("SGLANG_CPU_OMP_THREADS_BIND", "0"), ("SGLSPEC_X", "0"), ("A_B", "x=y"))
+    flags = lib.server_flags(name, ["--model-path", "M"])
+    assert flags[flags.index("--dtype") + 1] == "float16" and "SGLSPEC_X=0" not in flags
+    assert lib.ALGORITHMS["standalone-1core"].env == (("SGLANG_CPU_OMP_THREADS_BIND", "0"),)
+
+
 @pytest.mark.parametrize(
     ("variant", "message"),
     [

@@ -278,3 +278,40 @@ def test_empty_batches_are_no_ops() -> None:
             case.req_to_token, lens // 3, lens, lens * 0, lens * 0, 0, 0.25, 0.0, False, 0,
             None, None, None, True,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, saved: bool) -> None:  # noqa: ANN001
+    """One request whose keys sit in consecutive pool rows: decode and extend read the pool
+    in place (no gather) and agree with the gathering path; extend K/V that the pool does not
+    hold (``saved=False``) are used as given, never replaced by the pool's rows."""
+    gen = torch.Generator().manual_seed(7)
+    case = make_case(gen, (8, 2), (16, 16), [40], [5], tree=True, extra_rows=1)
+    first, total = 1000, 45
+    case.req_to_token[1, :total] = torch.arange(first, first + total, dtype=torch.int32)
+    ext_rows = torch.arange(first + 40, first + total)
+    if saved:
+        case.k_ext, case.v_ext = case.k_buf[ext_rows], case.v_buf[ext_rows]
+    else:
+        case.k_ext = torch.randn(case.k_ext.shape, generator=gen)
+    case.req_to_token[2, :total] = case.req_to_token[1, :total]
+    views = []
+    original = attention._pool_view
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        view = original(*args)
+        views.append(view is not None)
+        return view
+
+    monkeypatch.setattr(attention, "_pool_view", counting)
+    in_place = run_extend(extend_attention, case, tree=True)
+    decoded = run_decode(decode_attention, case, case.q[:1], [2], [total])
+    assert views == [saved, saved, True, True]
+    monkeypatch.setattr(attention, "POOL_VIEW", False)
+    gathered = run_extend(extend_attention, case, tree=True)
+    torch.testing.assert_close(in_place, gathered, rtol=2e-6, atol=2e-6)
+    reference = run_extend(extend_attention_reference, case, tree=True)
+    torch.testing.assert_close(in_place, reference, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(
+        decoded, run_decode(decode_attention, case, case.q[:1], [2], [total])
+    )

@@ -6,11 +6,11 @@ request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_di
 
 Cost: at served sizes (a few queries per request against tens to hundreds of keys, batch
 1-16) time goes to memory traffic and per-op overhead, not arithmetic. So K and V are
-gathered once (``index_select``) and handed to the attention as a head-major view, without
-another copy; grouped query heads become extra query rows of their KV head (a view, not a
-repeat); a mask is built only where some key is hidden (a full-length decode has none); and
-without logit cap or sinks the product runs in PyTorch's fused CPU attention
-(``scaled_dot_product_attention``).
+gathered once (``index_select``), or read in place when a lone request's pool rows are
+consecutive, and handed to the attention as a head-major view, without another copy; grouped
+query heads become extra query rows of their KV head (a view, not a repeat); a mask is built
+only where some key is hidden (a full-length decode has none); and without logit cap or sinks
+the product runs in PyTorch's fused CPU attention (``scaled_dot_product_attention``).
 A batch whose padding would waste most of the work (``_MAX_PAD``) runs request by request.
 
 Precision: float32 throughout, as the model's linear layers. A token decoded alone and the
@@ -23,6 +23,7 @@ to end by each algorithm's test against the non-speculative server.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,9 @@ import torch.nn.functional as F
 from sgl_spec.cpu_kernels.registry import OpDef
 
 _ACC = torch.float32
+# Read K/V straight from the pool when a lone request's rows are consecutive (``_pool_view``);
+# SGLSPEC_ATTN_POOL_VIEW=0 always gathers a copy (for A/B measurements).
+POOL_VIEW = os.environ.get("SGLSPEC_ATTN_POOL_VIEW", "1") != "0"
 # A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
 # than _MAX_PAD times the real query-key pairs and over _SMALL_PAIRS of them (a ragged prefill
 # batch); then it runs one request at a time, paying those ops per request.
@@ -131,6 +135,10 @@ def _gather_heads(
     (the extend K/V passed to the op, which the pool may not hold)."""
     num, length = rows.shape
     heads, dim = buffer.shape[1], buffer.shape[2]
+    if buffer.dtype == _ACC and scale == 1.0:
+        view = _pool_view(buffer, rows, override)
+        if view is not None:
+            return view.transpose(1, 2)
     gathered = buffer.index_select(0, rows.reshape(-1)).view(num, length, heads, dim)
     if gathered.dtype != _ACC:
         gathered = gathered.to(_ACC)
@@ -140,6 +148,32 @@ def _gather_heads(
     if scale != 1.0:
         gathered.mul_(scale)
     return gathered.transpose(1, 2)
+
+
+def _pool_view(
+    buffer: torch.Tensor,  # [pool, Hkv, D]
+    rows: torch.Tensor,  # [1, L] pool rows
+    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor | None:
+    """``buffer[rows]`` as a ``[1, L, Hkv, D]`` view of the pool itself, when one request's keys
+    sit in consecutive pool rows in order (a lone request usually gets its slots that way);
+    with ``override``, only if the pool already holds those values (the backend saved the
+    extend K/V before the call). None otherwise: the caller gathers a copy."""
+    if not POOL_VIEW or rows.shape[0] != 1:
+        return None
+    length = rows.shape[1]
+    first = int(rows[0, 0])
+    if first + length > buffer.shape[0]:
+        return None
+    expected = torch.arange(first, first + length, dtype=rows.dtype, device=rows.device)
+    if length > 1 and not torch.equal(rows[0], expected):
+        return None
+    view = buffer[first : first + length].unsqueeze(0)
+    if override is not None:
+        _, j, values = override
+        if not torch.equal(view[0, j], values.to(buffer.dtype)):
+            return None
+    return view
 
 
 def _queries(q: torch.Tensor, num_kv_heads: int, sm_scale: float) -> torch.Tensor:

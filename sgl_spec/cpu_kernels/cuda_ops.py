@@ -15,35 +15,28 @@ from __future__ import annotations
 
 import torch
 
+from sgl_spec.cpu_kernels import layers
 from sgl_spec.cpu_kernels.registry import OpDef
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * weight.float()).to(x.dtype)
 
 
 def rmsnorm(
     output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool
 ) -> None:
     """``output = input / rms(input) * weight`` (fp32 inside), written into ``output``."""
-    output.copy_(_rms(input, weight, eps))
+    output.copy_(layers.rmsnorm(input, weight, eps))
 
 
 def fused_add_rmsnorm(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, enable_pdl: bool
 ) -> None:
-    """``residual += input`` then ``input = rmsnorm(residual) * weight``, both in place (the sum
-    taken in fp32 and stored in ``residual``'s dtype, as the CUDA kernel does)."""
-    residual.copy_((input.float() + residual.float()).to(residual.dtype))
-    input.copy_(_rms(residual, weight, eps))
+    """``residual += input`` then ``input = rmsnorm(residual) * weight``, both in place."""
+    layers.fused_add_rmsnorm(input, residual, weight, eps)
 
 
 def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
-    """``out = silu(x[..., :d]) * x[..., d:]`` for ``input`` of last dimension ``2d``."""
-    d = input.shape[-1] // 2
-    out.copy_(torch.nn.functional.silu(input[..., :d].float()).mul(input[..., d:].float()))
+    """``out = silu(x[..., :d]) * x[..., d:]`` (fp32 inside, as the CUDA kernel) for ``input``
+    of last dimension ``2d``."""
+    out.copy_(layers.silu_and_mul(input.float()))
 
 
 OPS = [

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from sgl_spec.cpu_kernels.registry import OpDef
 
 _ACC = torch.float32
-# Read K/V straight from the pool when a lone request's rows are consecutive (``_pool_view``);
+# Read K/V straight from the pool when a lone request's rows are consecutive
+# (``_consecutive_start``, ``_pool_view``);
 # SGLSPEC_ATTN_POOL_VIEW=0 always gathers a copy (for A/B measurements).
 POOL_VIEW = os.environ.get("SGLSPEC_ATTN_POOL_VIEW", "1") != "0"
 # A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
@@ -128,15 +129,17 @@ def _gather_heads(
     rows: torch.Tensor,  # [B, L] pool rows
     scale: float,
     override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    start: int | None = None,
 ) -> torch.Tensor:
     """``buffer[rows] * scale`` as a ``[B, Hkv, L, D]`` view in ``_ACC``, gathered once.
 
     ``override = (b, j, values [T, Hkv, D])`` replaces keys ``(b[t], j[t])`` by ``values[t]``
-    (the extend K/V passed to the op, which the pool may not hold)."""
+    (the extend K/V passed to the op, which the pool may not hold). ``start``
+    (``_consecutive_start``) lets it read the pool in place instead (``_pool_view``)."""
     num, length = rows.shape
     heads, dim = buffer.shape[1], buffer.shape[2]
-    if buffer.dtype == _ACC and scale == 1.0:
-        view = _pool_view(buffer, rows, override)
+    if start is not None and buffer.dtype == _ACC and scale == 1.0:
+        view = _pool_view(buffer, start, length, override)
         if view is not None:
             return view.transpose(1, 2)
     gathered = buffer.index_select(0, rows.reshape(-1)).view(num, length, heads, dim)
@@ -150,25 +153,32 @@ def _gather_heads(
     return gathered.transpose(1, 2)
 
 
-def _pool_view(
-    buffer: torch.Tensor,  # [pool, Hkv, D]
-    rows: torch.Tensor,  # [1, L] pool rows
-    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-) -> torch.Tensor | None:
-    """``buffer[rows]`` as a ``[1, L, Hkv, D]`` view of the pool itself, when one request's keys
-    sit in consecutive pool rows in order (a lone request usually gets its slots that way);
-    with ``override``, only if the pool already holds those values (the backend saved the
-    extend K/V before the call). None otherwise: the caller gathers a copy."""
+def _consecutive_start(rows: torch.Tensor) -> int | None:  # [B, L] pool rows
+    """The first pool row when the batch is one request whose keys sit in consecutive pool rows
+    in order (a lone request usually gets its slots that way); None otherwise. Checked once
+    per call, for K and V alike."""
     if not POOL_VIEW or rows.shape[0] != 1:
         return None
     length = rows.shape[1]
     first = int(rows[0, 0])
-    if first + length > buffer.shape[0]:
-        return None
     expected = torch.arange(first, first + length, dtype=rows.dtype, device=rows.device)
     if length > 1 and not torch.equal(rows[0], expected):
         return None
-    view = buffer[first : first + length].unsqueeze(0)
+    return first
+
+
+def _pool_view(
+    buffer: torch.Tensor,  # [pool, Hkv, D]
+    start: int,
+    length: int,
+    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor | None:
+    """Pool rows ``start .. start + length`` as a ``[1, L, Hkv, D]`` view of the pool itself;
+    with ``override``, only if the pool already holds those values (the backend saved the
+    extend K/V before the call). None otherwise: the caller gathers a copy."""
+    if start + length > buffer.shape[0]:
+        return None
+    view = buffer[start : start + length].unsqueeze(0)
     if override is not None:
         _, j, values = override
         if not torch.equal(view[0, j], values.to(buffer.dtype)):
@@ -277,8 +287,9 @@ def _decode(
     if 0 < params.window < max(batch.lens_list):
         far = key_pos[None, :] <= (batch.lens - params.window - 1)[:, None]
         hidden = far[:, None, :] if hidden is None else hidden | far[:, None, :]
-    k = _gather_heads(k_cache, rows, params.key_scale)
-    v = _gather_heads(v_cache, rows, params.value_scale)
+    start = _consecutive_start(rows)
+    k = _gather_heads(k_cache, rows, params.key_scale, start=start)
+    v = _gather_heads(v_cache, rows, params.value_scale, start=start)
     q = _queries(query[:, None], k.shape[1], params.sm_scale)
     out = attend(q, k, v, hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
     output.copy_(out.reshape(output.shape))
@@ -369,8 +380,9 @@ def _extend(
         else:
             b_idx, pos, src = b_idx[valid], pos[valid], token[valid]
         k_new, v_new = (b_idx, pos, kv_extend[0][src]), (b_idx, pos, kv_extend[1][src])
-    k = _gather_heads(kv_buffer[0], rows, params.key_scale, k_new)
-    v = _gather_heads(kv_buffer[1], rows, params.value_scale, v_new)
+    start = _consecutive_start(rows)
+    k = _gather_heads(kv_buffer[0], rows, params.key_scale, k_new, start)
+    v = _gather_heads(kv_buffer[1], rows, params.value_scale, v_new, start)
     hidden = _extend_hidden(batch, key_pos, prefix, n, tree, is_causal, params.window)
     out = attend(
         _queries(queries, k.shape[1], params.sm_scale), k, v, hidden, params.logit_cap, params.sinks

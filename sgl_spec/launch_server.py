@@ -118,9 +118,10 @@ def apply_cuda_fallback_defaults(argv: list[str], environ: dict[str, str]) -> li
 
 
 def build_sglang_argv(argv: list[str], config: SpecConfig, environ: dict[str, str]) -> list[str]:
-    if config.cpu_defaults == "on" or (config.cpu_defaults == "auto" and is_cpu_host()):
+    cpu = is_cpu_host()
+    if config.cpu_defaults == "on" or (config.cpu_defaults == "auto" and cpu):
         return apply_cpu_defaults(argv, environ)
-    if not is_cpu_host() and sgl_kernel_stands_in():
+    if not cpu and sgl_kernel_stands_in():
         argv = apply_cuda_fallback_defaults(argv, environ)
     return argv
 

@@ -163,9 +163,23 @@ def greedy(server, max_new_tokens: int) -> tuple[list[list[int]], list[float]]: 
     ]
 
 
+def draft_device(cuda: bool, gpus: int) -> str:
+    """MINEDRAFT's draft process: the second GPU when there is one, else beside the target;
+    on CPU the last core."""
+    return ("cuda:1" if gpus > 1 else "cuda:0") if cuda else "cpu:1"
+
+
+def serve_greedy(flags: list[str], log: Path, tokens: int) -> tuple[list[list[int]], list[float]]:
+    """Start a server, take its greedy answers to ``PROMPTS``, stop it."""
+    server = serve(flags, log)
+    try:
+        return greedy(server, tokens)
+    finally:
+        server.stop()
+
+
 def lossless_cases(models: dict, cuda: bool, gpus: int) -> dict[str, tuple[list[str], float]]:
     """name: (server flags, minimum mean accept length; 0 = no acceptance check)."""
-    draft_device = ("cuda:1" if gpus > 1 else "cuda:0") if cuda else "cpu:1"
     target, draft = models["target"], models["draft"]
     minedraft = [
         "--speculative-algorithm",
@@ -175,7 +189,7 @@ def lossless_cases(models: dict, cuda: bool, gpus: int) -> dict[str, tuple[list[
         "--speculative-num-draft-tokens",
         "4",
         "--speculative-draft-device",
-        draft_device,
+        draft_device(cuda, gpus),
     ]
     return {
         "standalone": (
@@ -231,11 +245,7 @@ def run_lossless(smoke: Smoke, models: dict, base: list[str], cuda: bool, gpus: 
     model = ["--model-path", models["target"]]
 
     def baseline() -> dict:
-        server = serve([*model, *base], smoke.logs / "none.log")
-        try:
-            ids, _ = greedy(server, tokens)
-        finally:
-            server.stop()
+        ids, _ = serve_greedy([*model, *base], smoke.logs / "none.log", tokens)
         smoke.report["baseline_ids"] = ids
         return {"tokens": sum(len(x) for x in ids)}
 
@@ -248,11 +258,7 @@ def run_lossless(smoke: Smoke, models: dict, base: list[str], cuda: bool, gpus: 
         ) -> dict:
             if expected is None:
                 return {"status": "skipped", "why": "no baseline"}
-            server = serve([*model, *base, *flags], smoke.logs / f"{name}.log")
-            try:
-                ids, accept = greedy(server, tokens)
-            finally:
-                server.stop()
+            ids, accept = serve_greedy([*model, *base, *flags], smoke.logs / f"{name}.log", tokens)
             mean = sum(accept) / len(accept)
             same = [a == b for a, b in zip(ids, expected, strict=True)]
             result = {
@@ -273,13 +279,12 @@ def run_bench(
 ) -> dict:
     """bench_speculative with every server up at once (``--interleave``): on one GPU each gets
     a tenth of its memory."""
-    draft_device = ("cuda:1" if gpus > 1 else "cuda:0") if cuda else "cpu:1"
     name = f"bench_c{concurrency}"
     variants = {  # the built-ins name the shipped adapter / drafter: point them at ours
         "mtp_lora_r": f"mtp_lora --mtp-lora-path {models['mtp']}",
         "mtp_lora_auto_r": f"mtp_lora_auto --mtp-lora-path {models['mtp']}",
         "specblock_r": f"specblock --specblock-drafter-path {models['specblock']}",
-        "minedraft_r": f"minedraft --speculative-draft-device {draft_device}",
+        "minedraft_r": f"minedraft --speculative-draft-device {draft_device(cuda, gpus)}",
     }
     cmd = [
         sys.executable,

@@ -8,19 +8,11 @@ partially working native library is never shadowed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
+from sgl_spec.cpu_kernels.opdef import OpDef
+
 NAMESPACE = "sgl_kernel"
-
-
-@dataclass(frozen=True)
-class OpDef:
-    name: str
-    schema: str  # "(Tensor a, ...) -> ()" without the name
-    impl: Callable[..., object]
 
 
 _LIBS: list[torch.library.Library] = []
@@ -39,7 +31,8 @@ def all_ops() -> list[OpDef]:
     return ops
 
 
-def _already_defined(name: str) -> bool:
+def op_defined(name: str) -> bool:
+    """Whether ``torch.ops.sgl_kernel.<name>`` exists (a native build's or ours)."""
     try:
         getattr(getattr(torch.ops, NAMESPACE), name)
     except (AttributeError, RuntimeError):
@@ -54,7 +47,7 @@ def register() -> list[str]:
     _LIBS.append(lib)
     registered = []
     for op in all_ops():
-        if _already_defined(op.name):
+        if op_defined(op.name):
             continue
         lib.define(op.name + op.schema)
         lib.impl(op.name, op.impl, "CPU")
@@ -66,7 +59,7 @@ def register() -> list[str]:
     # op set of a CPU build of sgl_kernel
     cuda_ops = CUDA_PATH_OPS if torch.cuda.is_available() else []
     for op in [*NO_TENSOR_OPS, *cuda_ops]:
-        if _already_defined(op.name):
+        if op_defined(op.name):
             continue
         lib.define(op.name + op.schema)
         lib.impl(op.name, op.impl, "CompositeExplicitAutograd")

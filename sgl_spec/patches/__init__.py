@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 def all_patches() -> list:
     from sgl_spec.patches import (
+        cpu_graph_fakes,
         cpu_spec_sampling,
         cuda_optional_kernels,
         prompt_validation,
@@ -25,6 +26,7 @@ def all_patches() -> list:
     )
 
     return [
+        cpu_graph_fakes,
         cpu_spec_sampling,
         cuda_optional_kernels,
         prompt_validation,

@@ -1,5 +1,9 @@
 """Our command-line flags: one frozen dataclass, validated once, carried to every process.
 
+Each flag is declared once, as its field's metadata (``Flag``: name, help, kind, choices,
+bounds, owning algorithm); the argparse group, the namespace reader, the declared checks and
+``docs/flags.md`` are all built from those declarations.
+
 SGLang's ``ServerArgs`` is never touched: ``launch_server`` strips our flags from argv before
 SGLang parses it, and the validated config travels to spawned scheduler processes through one
 environment variable (JSON), which ``SpecConfig.from_env`` reads back.
@@ -10,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 
 ENV_VAR = "SGLSPEC_CONFIG"
 CPU_FALLBACK_CHOICES = ("auto", "on", "off")
@@ -19,11 +23,11 @@ SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}
 MAX_SPECBLOCK_NODES = 256
 SPECBLOCK_DEFAULT_M = 2  # tree blocks per iteration (paper §4.1 setting)
 SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
-# On the shipped target + drafters (filled by ``model_defaults``; benchmarks/RESULTS.md, session
-# 12, 2-core CPU): a verified tree costs about linearly in its nodes here, and 8 nodes beat 16
-# and 32 (0.70-0.80x / 0.59x / 0.45x of plain decoding at concurrency 1, K = 4 drafter).
+# On the shipped target + drafters (filled by ``model_defaults``): the node budget measured best
+# on the CPU hosts (benchmarks/RESULTS.md), where a verified tree costs about linearly in its nodes.
 SPECBLOCK_SHIPPED_MAX_NODES = 8
 MINEDRAFT_DRAFTERS = ("model", "specblock")
+MINEDRAFT_POLICIES = ("balanced", "paper")  # batch assignment (sgl_spec.minedraft.batch_manager)
 
 
 class ConfigError(ValueError):
@@ -31,87 +35,186 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Flag:
+    """How one ``SpecConfig`` field appears on the command line (declared once, in the field's
+    metadata; the parser, the namespace reader and ``docs/flags.md`` are built from it).
+
+    ``kind``: ``str`` / ``int`` / ``float`` values, or ``"switch"`` (present sets the field to
+    ``not default``); ``choices``: allowed values; ``bounds``: inclusive range of a number;
+    ``requires``: the ``--speculative-algorithm`` the flag belongs to, when giving it with
+    another algorithm is a mistake."""
+
+    name: str
+    help: str
+    kind: type | str = str
+    choices: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+    requires: str | None = None
+
+
+def flag(default: object, name: str, help: str, **options: object) -> object:
+    return field(default=default, metadata={"flag": Flag(name, help, **options)})
+
+
+def flag_of(f: Field) -> Flag:
+    return f.metadata["flag"]
+
+
+@dataclass(frozen=True)
 class SpecConfig:
-    cpu_defaults: str = "auto"  # --sgl-spec-cpu-defaults: apply CPU-host SGLang settings
-    cpu_lossless_sampling: bool = True  # --sgl-spec-no-cpu-lossless-sampling disables the patch
-    # --sgl-spec-standalone-shifted-draft: keep EAGLE's shifted draft layout for STANDALONE
-    standalone_full_context: bool = True
-    mtp_lora_path: str | None = None  # --mtp-lora-path: gated-LoRA adapter dir for MTP_LORA
-    mtp_k: str | None = None  # --mtp-k: drafts per step, an integer or "auto"
-    mtp_gamma_table: str | None = None  # --mtp-gamma-table: gamma_tolerance.py JSON for auto
-    specblock_drafter_path: str | None = None  # --specblock-drafter-path: drafter directory
-    specblock_k: int | None = None  # --specblock-k: positions used per block (<= drafter's K)
-    specblock_m: int = SPECBLOCK_DEFAULT_M  # --specblock-m: tree blocks per iteration
-    specblock_branching: str = "default"  # --specblock-branching: App. A.5 bucket map
-    # --specblock-max-nodes: verified tree nodes per request; None: SPECBLOCK_DEFAULT_MAX_NODES,
-    # or SPECBLOCK_SHIPPED_MAX_NODES on the shipped target (``model_defaults``)
-    specblock_max_nodes: int | None = None
-    specblock_rank_head: str = "on"  # --specblock-rank-head: off = fixed top-2 trees
-    specblock_adapt: bool = False  # --specblock-adapt: cost-aware online adaptation (§3.4)
-    specblock_adapt_options: str | None = None  # --specblock-adapt-options: key=value,...
-    speculative_draft_device: str | None = None  # --speculative-draft-device: MINEDRAFT drafter
-    minedraft_drafter: str = "model"  # --minedraft-drafter: model (a draft LM) or specblock
-    minedraft_policy: str = "balanced"  # --minedraft-policy: batch assignment (§5.1 / App. A)
-    minedraft_draft_timeout: float = 30.0  # --minedraft-draft-timeout: seconds per sync point
-    minedraft_overlap: str = "on"  # --minedraft-overlap: off = standard SD via the draft server
+    cpu_defaults: str = flag(
+        "auto",
+        "--sgl-spec-cpu-defaults",
+        "On a host without CUDA, add SGLang's CPU settings (--device cpu, CPU engine,"
+        " intel_amx attention, overlap off) unless given: auto (default), on, off.",
+        choices=CPU_FALLBACK_CHOICES,
+    )
+    cpu_lossless_sampling: bool = flag(
+        True,
+        "--sgl-spec-no-cpu-lossless-sampling",
+        "Keep SGLang's CPU speculative verify, which commits argmax tokens even when"
+        " sampling (not lossless); by default sgl-spec patches it to rejection sampling.",
+        kind="switch",
+    )
+    standalone_full_context: bool = flag(
+        True,
+        "--sgl-spec-standalone-shifted-draft",
+        "Keep SGLang's STANDALONE draft layout, which shifts the draft's input ids"
+        " left by one and so drops token 0 from its context; by default sgl-spec patches"
+        " the draft to see the whole sequence.",
+        kind="switch",
+    )
+    mtp_lora_path: str | None = flag(
+        None,
+        "--mtp-lora-path",
+        "MTP_LORA: directory of the gated-LoRA adapter (adapter_config.json +"
+        " adapter.safetensors) or a shipped name such as sgl-spec/tiny-code-mtp.",
+    )
+    mtp_k: str | None = flag(
+        None,
+        "--mtp-k",
+        "MTP_LORA: drafts per step (0 = no speculation), at most the adapter's k_max;"
+        " 'auto' lets the speculation controller choose k per step from measured step times"
+        " (and --mtp-gamma-table as a prior, if given) and the running acceptance.",
+    )
+    mtp_gamma_table: str | None = flag(
+        None,
+        "--mtp-gamma-table",
+        "MTP_LORA with --mtp-k auto: optional prior, the JSON written by"
+        " benchmarks/gamma_tolerance.py; served step times replace it once measured.",
+    )
+    specblock_drafter_path: str | None = flag(
+        None,
+        "--specblock-drafter-path",
+        "SPECBLOCK: drafter directory (config.json + model.safetensors written by"
+        " `python -m sgl_spec.specblock.train`).",
+    )
+    specblock_k: int | None = flag(
+        None,
+        "--specblock-k",
+        "SPECBLOCK: draft positions used per block, at most the drafter's trained K"
+        " (default: its K).",
+        kind=int,
+        bounds=(1, 64),
+    )
+    specblock_m: int = flag(
+        SPECBLOCK_DEFAULT_M,
+        "--specblock-m",
+        "SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default"
+        f" {SPECBLOCK_DEFAULT_M}).",
+        kind=int,
+        bounds=(1, 16),
+    )
+    specblock_branching: str = flag(
+        "default",
+        "--specblock-branching",
+        "SPECBLOCK: siblings per rank bucket b0..b3 (App. A.5): 'default' = 2,4,10,0,"
+        " 'fallback' = 2,4,6,4, or four comma-separated integers.",
+    )
+    specblock_max_nodes: int | None = flag(
+        None,
+        "--specblock-max-nodes",
+        "SPECBLOCK: tree nodes verified per request, root included (default"
+        f" {SPECBLOCK_DEFAULT_MAX_NODES}; {SPECBLOCK_SHIPPED_MAX_NODES} on the shipped target,"
+        " the measured best there).",
+        kind=int,
+        bounds=(2, MAX_SPECBLOCK_NODES),
+    )
+    specblock_rank_head: str = flag(
+        "on",
+        "--specblock-rank-head",
+        "SPECBLOCK: 'on' (default) shapes the tree with the drafter's rank head"
+        " (--specblock-branching); 'off' grows fixed trees instead, the top 2 tokens at"
+        " every position and later blocks from chain ends only (the paper's Table 2"
+        " ablation, at serving time).",
+        choices=("on", "off"),
+    )
+    specblock_adapt: bool = flag(
+        False,
+        "--specblock-adapt",
+        "SPECBLOCK: cost-aware online adaptation of the drafter while serving (paper"
+        " §3.4): a bandit picks skip / head-only / full updates from the verifier's signal;"
+        " updates train a copy on a background thread. Off by default; outputs unchanged.",
+        kind="switch",
+        requires="SPECBLOCK",
+    )
+    specblock_adapt_options: str | None = flag(
+        None,
+        "--specblock-adapt-options",
+        "SPECBLOCK with --specblock-adapt: override adaptation constants as"
+        " key=value,... (fields of sgl_spec.specblock.adapt.AdaptConfig, e.g."
+        " warmup_queries=10,measure_queries=8,buffer_queries=4,lr=3e-4).",
+    )
+    speculative_draft_device: str | None = flag(
+        None,
+        "--speculative-draft-device",
+        "MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
+        " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
+        " Default: the last GPU if there are two or more, else cpu:1.",
+        requires="MINEDRAFT",
+    )
+    minedraft_drafter: str = flag(
+        "model",
+        "--minedraft-drafter",
+        "MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
+        " --speculative-draft-model-path) or 'specblock' (the SpecBlock drafter of"
+        " --specblock-drafter-path, drafting chains of --speculative-num-steps; on the"
+        " shipped target the shipped drafter).",
+        choices=MINEDRAFT_DRAFTERS,
+    )
+    minedraft_policy: str = flag(
+        "balanced",
+        "--minedraft-policy",
+        "MINEDRAFT: batch assignment, 'balanced' (every new request joins the smaller"
+        " batch, App. A) or 'paper' (§5.1 as published).",
+        choices=MINEDRAFT_POLICIES,
+    )
+    minedraft_draft_timeout: float = flag(
+        30.0,
+        "--minedraft-draft-timeout",
+        "MINEDRAFT: seconds to wait for the draft server at a sync point before it is"
+        " treated as hung, restarted, and the step decoded target-only (default 30).",
+        kind=float,
+        bounds=(1e-3, 86400.0),
+    )
+    minedraft_overlap: str = flag(
+        "on",
+        "--minedraft-overlap",
+        "MINEDRAFT: 'on' (default) drafts one batch while the target verifies the other;"
+        " 'off' runs every step as standard SD through the same draft server (draft, then"
+        " verify): the like-for-like baseline that measures what the overlap gains.",
+        choices=("on", "off"),
+    )
 
     def __post_init__(self) -> None:
-        if self.cpu_defaults not in CPU_FALLBACK_CHOICES:
-            raise ConfigError(
-                f"--sgl-spec-cpu-defaults must be one of {', '.join(CPU_FALLBACK_CHOICES)};"
-                f" got {self.cpu_defaults!r}"
-            )
+        for f in fields(self):
+            _check_declared(flag_of(f), getattr(self, f.name))
         if self.mtp_k is not None and self.mtp_k != "auto":
             if not self.mtp_k.isdigit() or not 0 <= int(self.mtp_k) <= MAX_MTP_K:
                 raise ConfigError(
                     f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
                 )
-        self._check_specblock()
-        self._check_minedraft()
-
-    def _check_minedraft(self) -> None:
-        if self.speculative_draft_device is not None:
-            from sgl_spec.minedraft.draft_server import parse_device
-
-            try:
-                parse_device(self.speculative_draft_device)
-            except ValueError as exc:
-                raise ConfigError(f"--speculative-draft-device: {exc}") from None
-        if self.minedraft_drafter not in MINEDRAFT_DRAFTERS:
-            raise ConfigError(
-                f"--minedraft-drafter must be one of {', '.join(MINEDRAFT_DRAFTERS)};"
-                f" got {self.minedraft_drafter!r}"
-            )
-        from sgl_spec.minedraft.batch_manager import POLICIES
-
-        if self.minedraft_policy not in POLICIES:
-            raise ConfigError(
-                f"--minedraft-policy must be one of {', '.join(POLICIES)};"
-                f" got {self.minedraft_policy!r}"
-            )
-        if self.minedraft_overlap not in ("on", "off"):
-            raise ConfigError(
-                f"--minedraft-overlap must be 'on' or 'off'; got {self.minedraft_overlap!r}"
-            )
-        timeout = self.minedraft_draft_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError(f"--minedraft-draft-timeout must be > 0 seconds; got {timeout!r}")
-
-    def _check_specblock(self) -> None:
-        for flag, value, low, high in (
-            ("--specblock-k", self.specblock_k, 1, 64),
-            ("--specblock-m", self.specblock_m, 1, 16),
-            ("--specblock-max-nodes", self.specblock_max_nodes, 2, MAX_SPECBLOCK_NODES),
-        ):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError(f"{flag} must be an integer in {low}..{high}; got {value!r}")
         specblock_bucket_map(self.specblock_branching)
-        if self.specblock_rank_head not in ("on", "off"):
-            raise ConfigError(
-                f"--specblock-rank-head must be 'on' or 'off'; got {self.specblock_rank_head!r}"
-            )
         if self.specblock_adapt_options is not None:
             if not self.specblock_adapt:
                 raise ConfigError("--specblock-adapt-options needs --specblock-adapt")
@@ -121,185 +224,48 @@ class SpecConfig:
                 AdaptConfig.parse(self.specblock_adapt_options)
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"--specblock-adapt-options: {exc}") from None
+        if self.speculative_draft_device is not None:
+            from sgl_spec.minedraft.draft_server import parse_device
+
+            try:
+                parse_device(self.speculative_draft_device)
+            except ValueError as exc:
+                raise ConfigError(f"--speculative-draft-device: {exc}") from None
 
     @property
     def specblock_bucket_map(self) -> tuple[int, int, int, int]:
         return specblock_bucket_map(self.specblock_branching)
 
+    def check_algorithm(self, algorithm: str | None) -> None:
+        """Refuse a flag given (not at its default) for an algorithm other than its own."""
+        for f in fields(self):
+            spec = flag_of(f)
+            if spec.requires and getattr(self, f.name) != f.default:
+                if (algorithm or "").upper() != spec.requires:
+                    raise ConfigError(f"{spec.name} needs --speculative-algorithm {spec.requires}")
+
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("sgl-spec")
-        group.add_argument(
-            "--sgl-spec-cpu-defaults",
-            dest="sgl_spec_cpu_defaults",
-            default="auto",
-            help="On a host without CUDA, add SGLang's CPU settings (--device cpu, CPU engine,"
-            " intel_amx attention, overlap off) unless given: auto (default), on, off.",
-        )
-        group.add_argument(
-            "--sgl-spec-no-cpu-lossless-sampling",
-            dest="sgl_spec_no_cpu_lossless_sampling",
-            action="store_true",
-            help="Keep SGLang's CPU speculative verify, which commits argmax tokens even when"
-            " sampling (not lossless); by default sgl-spec patches it to rejection sampling.",
-        )
-        group.add_argument(
-            "--sgl-spec-standalone-shifted-draft",
-            dest="sgl_spec_standalone_shifted_draft",
-            action="store_true",
-            help="Keep SGLang's STANDALONE draft layout, which shifts the draft's input ids"
-            " left by one and so drops token 0 from its context; by default sgl-spec patches"
-            " the draft to see the whole sequence.",
-        )
-        group.add_argument(
-            "--mtp-lora-path",
-            dest="mtp_lora_path",
-            default=None,
-            help="MTP_LORA: directory of the gated-LoRA adapter (adapter_config.json +"
-            " adapter.safetensors) or a shipped name such as sgl-spec/tiny-code-mtp.",
-        )
-        group.add_argument(
-            "--mtp-k",
-            dest="mtp_k",
-            default=None,
-            help="MTP_LORA: drafts per step (0 = no speculation), at most the adapter's k_max;"
-            " 'auto' lets the speculation controller choose k per step from measured step times"
-            " (and --mtp-gamma-table as a prior, if given) and the running acceptance.",
-        )
-        group.add_argument(
-            "--mtp-gamma-table",
-            dest="mtp_gamma_table",
-            default=None,
-            help="MTP_LORA with --mtp-k auto: optional prior, the JSON written by"
-            " benchmarks/gamma_tolerance.py; served step times replace it once measured.",
-        )
-        group.add_argument(
-            "--specblock-drafter-path",
-            dest="specblock_drafter_path",
-            default=None,
-            help="SPECBLOCK: drafter directory (config.json + model.safetensors written by"
-            " `python -m sgl_spec.specblock.train`).",
-        )
-        group.add_argument(
-            "--specblock-k",
-            dest="specblock_k",
-            default=None,
-            help="SPECBLOCK: draft positions used per block, at most the drafter's trained K"
-            " (default: its K).",
-        )
-        group.add_argument(
-            "--specblock-m",
-            dest="specblock_m",
-            default=str(SPECBLOCK_DEFAULT_M),
-            help="SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default"
-            f" {SPECBLOCK_DEFAULT_M}).",
-        )
-        group.add_argument(
-            "--specblock-branching",
-            dest="specblock_branching",
-            default="default",
-            help="SPECBLOCK: siblings per rank bucket b0..b3 (App. A.5): 'default' = 2,4,10,0,"
-            " 'fallback' = 2,4,6,4, or four comma-separated integers.",
-        )
-        group.add_argument(
-            "--specblock-max-nodes",
-            dest="specblock_max_nodes",
-            default=None,
-            help="SPECBLOCK: tree nodes verified per request, root included (default"
-            f" {SPECBLOCK_DEFAULT_MAX_NODES}; {SPECBLOCK_SHIPPED_MAX_NODES} on the shipped target,"
-            " the measured best there).",
-        )
-        group.add_argument(
-            "--specblock-rank-head",
-            dest="specblock_rank_head",
-            default="on",
-            help="SPECBLOCK: 'on' (default) shapes the tree with the drafter's rank head"
-            " (--specblock-branching); 'off' grows fixed trees instead, the top 2 tokens at"
-            " every position and later blocks from chain ends only (the paper's Table 2"
-            " ablation, at serving time).",
-        )
-        group.add_argument(
-            "--specblock-adapt",
-            dest="specblock_adapt",
-            action="store_true",
-            help="SPECBLOCK: cost-aware online adaptation of the drafter while serving (paper"
-            " §3.4): a bandit picks skip / head-only / full updates from the verifier's signal;"
-            " updates train a copy on a background thread. Off by default; outputs unchanged.",
-        )
-        group.add_argument(
-            "--specblock-adapt-options",
-            dest="specblock_adapt_options",
-            default=None,
-            help="SPECBLOCK with --specblock-adapt: override adaptation constants as"
-            " key=value,... (fields of sgl_spec.specblock.adapt.AdaptConfig, e.g."
-            " warmup_queries=10,measure_queries=8,buffer_queries=4,lr=3e-4).",
-        )
-
-        group.add_argument(
-            "--speculative-draft-device",
-            dest="speculative_draft_device",
-            default=None,
-            help="MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
-            " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
-            " Default: the last GPU if there are two or more, else cpu:1.",
-        )
-        group.add_argument(
-            "--minedraft-drafter",
-            dest="minedraft_drafter",
-            default="model",
-            help="MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
-            " --speculative-draft-model-path) or 'specblock' (the SpecBlock drafter of"
-            " --specblock-drafter-path, drafting chains of --speculative-num-steps; on the"
-            " shipped target the shipped drafter).",
-        )
-        group.add_argument(
-            "--minedraft-policy",
-            dest="minedraft_policy",
-            default="balanced",
-            help="MINEDRAFT: batch assignment, 'balanced' (every new request joins the smaller"
-            " batch, App. A) or 'paper' (§5.1 as published).",
-        )
-        group.add_argument(
-            "--minedraft-draft-timeout",
-            dest="minedraft_draft_timeout",
-            default="30",
-            help="MINEDRAFT: seconds to wait for the draft server at a sync point before it is"
-            " treated as hung, restarted, and the step decoded target-only (default 30).",
-        )
-        group.add_argument(
-            "--minedraft-overlap",
-            dest="minedraft_overlap",
-            default="on",
-            help="MINEDRAFT: 'on' (default) drafts one batch while the target verifies the other;"
-            " 'off' runs every step as standard SD through the same draft server (draft, then"
-            " verify): the like-for-like baseline that measures what the overlap gains.",
-        )
+        for f in fields(SpecConfig):
+            spec = flag_of(f)
+            if spec.kind == "switch":
+                group.add_argument(spec.name, dest=f.name, action="store_true", help=spec.help)
+            else:
+                group.add_argument(spec.name, dest=f.name, default=None, help=spec.help)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
-        return cls(
-            specblock_drafter_path=ns.specblock_drafter_path,
-            specblock_k=_int_flag("--specblock-k", ns.specblock_k),
-            specblock_m=_int_flag("--specblock-m", ns.specblock_m),
-            specblock_branching=ns.specblock_branching,
-            specblock_max_nodes=_int_flag("--specblock-max-nodes", ns.specblock_max_nodes),
-            specblock_rank_head=ns.specblock_rank_head,
-            specblock_adapt=ns.specblock_adapt,
-            specblock_adapt_options=ns.specblock_adapt_options,
-            cpu_defaults=ns.sgl_spec_cpu_defaults,
-            cpu_lossless_sampling=not ns.sgl_spec_no_cpu_lossless_sampling,
-            standalone_full_context=not ns.sgl_spec_standalone_shifted_draft,
-            mtp_lora_path=ns.mtp_lora_path,
-            mtp_k=ns.mtp_k,
-            mtp_gamma_table=ns.mtp_gamma_table,
-            speculative_draft_device=ns.speculative_draft_device,
-            minedraft_drafter=ns.minedraft_drafter,
-            minedraft_policy=ns.minedraft_policy,
-            minedraft_draft_timeout=_float_flag(
-                "--minedraft-draft-timeout", ns.minedraft_draft_timeout
-            ),
-            minedraft_overlap=ns.minedraft_overlap,
-        )
+        """Values the user gave, converted to each field's kind; the rest keep their default."""
+        given = {}
+        for f in fields(cls):
+            spec, value = flag_of(f), getattr(ns, f.name)
+            if spec.kind == "switch":
+                if value:
+                    given[f.name] = not f.default
+            elif value is not None:
+                given[f.name] = _convert(spec, value)
+        return cls(**given)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -317,22 +283,61 @@ class SpecConfig:
         return cls(**data)
 
 
-def _int_flag(flag: str, value: str | int | None) -> int | None:
-    if value is None or isinstance(value, int):
+def _convert(spec: Flag, value: object) -> object:
+    if spec.kind not in (int, float) or isinstance(value, spec.kind):
         return value
     try:
-        return int(value)
+        return spec.kind(value)  # type: ignore[operator]
     except ValueError:
-        raise ConfigError(f"{flag} must be an integer; got {value!r}") from None
+        noun = "an integer" if spec.kind is int else "a number"
+        raise ConfigError(f"{spec.name} must be {noun}; got {value!r}") from None
 
 
-def _float_flag(flag: str, value: str | float) -> float:
-    if isinstance(value, int | float):
-        return float(value)
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"{flag} must be a number; got {value!r}") from None
+def _check_declared(spec: Flag, value: object) -> None:
+    """The checks a flag's declaration states: its choices and its bounds."""
+    if value is None:
+        return
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"{spec.name} must be one of {', '.join(spec.choices)}; got {value!r}")
+    if spec.bounds is not None:
+        low, high = spec.bounds
+        numeric = int if spec.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numeric) or not low <= value <= high:
+            noun = "an integer" if spec.kind is int else "a number"
+            shown = f"{low:g}..{high:g}"
+            raise ConfigError(f"{spec.name} must be {noun} in {shown}; got {value!r}")
+
+
+def flags_markdown() -> str:
+    """``docs/flags.md``: every sgl-spec flag, from the declarations above."""
+    lines = [
+        "# sgl-spec flags",
+        "",
+        "Generated from `sgl_spec/config.py` (`python -m sgl_spec.config > docs/flags.md`);"
+        " every `sglang.launch_server` flag is accepted as well.",
+        "",
+        "| flag | default | values | for |",
+        "| --- | --- | --- | --- |",
+    ]
+    for f in fields(SpecConfig):
+        spec = flag_of(f)
+        if spec.kind == "switch":
+            values = "switch"
+        elif spec.choices:
+            values = " / ".join(spec.choices)
+        elif spec.bounds is not None:
+            values = f"{spec.kind.__name__} {spec.bounds[0]:g}..{spec.bounds[1]:g}"
+        else:
+            values = spec.kind.__name__ if isinstance(spec.kind, type) else str(spec.kind)
+        first = spec.help.split(maxsplit=1)[0].rstrip(":")
+        owner = spec.requires or (first if first.isupper() else "all")
+        default = "off" if spec.kind == "switch" else f"`{f.default}`"
+        lines.append(f"| `{spec.name}` | {default} | {values} | {owner} |")
+    lines.append("")
+    for f in fields(SpecConfig):
+        spec = flag_of(f)
+        lines += [f"- `{spec.name}`: {spec.help}"]
+    return "\n".join(lines) + "\n"
 
 
 def specblock_bucket_map(value: str) -> tuple[int, int, int, int]:
@@ -358,3 +363,7 @@ def split_argv(argv: list[str]) -> tuple[SpecConfig, list[str]]:
     SpecConfig.add_cli_args(parser)
     ns, rest = parser.parse_known_args(argv)
     return SpecConfig.from_namespace(ns), rest
+
+
+if __name__ == "__main__":
+    print(flags_markdown(), end="")

@@ -30,8 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sgl_spec.config import MINEDRAFT_POLICIES
+
 Policy = Literal["balanced", "paper"]
-POLICIES: tuple[str, ...] = ("balanced", "paper")
+POLICIES: tuple[str, ...] = MINEDRAFT_POLICIES
 
 
 @dataclass(frozen=True)

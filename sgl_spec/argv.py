@@ -1,10 +1,14 @@
 """Reading and editing SGLang-style command lines (``--name value`` or ``--name=value``).
 
 One implementation for the launcher, the model defaults and the benchmark harness. Like
-argparse, the last occurrence of a flag is the one that counts.
+argparse, the last occurrence of a flag is the one that counts. ``LaunchArgs`` is the one place
+that reads the speculative settings our algorithms check.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 
 def has_flag(argv: list[str], *names: str) -> bool:
@@ -38,3 +42,63 @@ def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
     else:
         out[i] = f"{name}={value}"
     return out
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """The SGLang settings our launch checks read, in one place: parsed from the launcher's argv
+    before SGLang sees it (``from_argv``), or read from SGLang's ``ServerArgs`` inside its
+    processes (``from_server_args``), so each check is written once for both. A value SGLang
+    will refuse (not an integer) reads as unset here and is left to SGLang's own parser."""
+
+    algorithm: str | None = None  # --speculative-algorithm, upper case
+    model_path: str | None = None
+    draft_model_path: str | None = None  # --speculative-draft-model-path
+    device: str = "cpu"
+    base_gpu_id: int = 0
+    num_steps: int | None = None  # --speculative-num-steps
+    eagle_topk: int | None = None  # --speculative-eagle-topk
+    num_draft_tokens: int | None = None  # --speculative-num-draft-tokens
+    max_running_requests: int | None = None
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> LaunchArgs:
+        algorithm = flag_value(argv, "--speculative-algorithm")
+        device = flag_value(argv, "--device")
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return cls(
+            algorithm=algorithm.upper() if algorithm else None,
+            model_path=flag_value(argv, "--model-path"),
+            draft_model_path=flag_value(argv, "--speculative-draft-model-path"),
+            device=device,
+            base_gpu_id=_int_or_none(flag_value(argv, "--base-gpu-id")) or 0,
+            num_steps=_int_or_none(flag_value(argv, "--speculative-num-steps")),
+            eagle_topk=_int_or_none(flag_value(argv, "--speculative-eagle-topk")),
+            num_draft_tokens=_int_or_none(flag_value(argv, "--speculative-num-draft-tokens")),
+            max_running_requests=_int_or_none(flag_value(argv, "--max-running-requests")),
+        )
+
+    @classmethod
+    def from_server_args(cls, server_args: Any) -> LaunchArgs:
+        algorithm = server_args.speculative_algorithm
+        return cls(
+            algorithm=str(algorithm).upper() if algorithm else None,
+            model_path=server_args.model_path,
+            draft_model_path=server_args.speculative_draft_model_path,
+            device=str(server_args.device),
+            base_gpu_id=int(server_args.base_gpu_id or 0),
+            num_steps=server_args.speculative_num_steps,
+            eagle_topk=server_args.speculative_eagle_topk,
+            num_draft_tokens=server_args.speculative_num_draft_tokens,
+            max_running_requests=server_args.max_running_requests,
+        )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

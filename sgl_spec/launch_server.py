@@ -13,13 +13,9 @@ import logging
 import os
 import sys
 
-from sgl_spec.argv import flag_value, has_flag
+from sgl_spec.argv import LaunchArgs, flag_value, has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
-from sgl_spec.model_defaults import (
-    fill_mtp_defaults,
-    fill_specblock_defaults,
-    prepare_model_args,
-)
+from sgl_spec.model_defaults import prepare_model_args
 
 logger = logging.getLogger("sgl_spec.launch_server")
 
@@ -145,13 +141,11 @@ def main(argv: list[str]) -> None:
     try:
         config, sglang_argv = split_argv(argv)
         sglang_argv = prepare_model_args(sglang_argv)
-        config = fill_mtp_defaults(config, sglang_argv)
-        config = fill_specblock_defaults(config, sglang_argv)
-        from sgl_spec.minedraft import algorithm as minedraft_algorithm
-        from sgl_spec.specblock import algorithm as specblock_algorithm
+        from sgl_spec.algorithms import check_launch, with_shipped_defaults
 
-        specblock_algorithm.check_launch_args(config, sglang_argv)
-        minedraft_algorithm.check_launch_args(config, sglang_argv)
+        launch = LaunchArgs.from_argv(sglang_argv)
+        config = with_shipped_defaults(config, launch)
+        check_launch(config, launch)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
     from sgl_spec.cpu_kernels.install import ensure_boot_hook

@@ -24,7 +24,7 @@ def test_bad_value_names_the_flag() -> None:
 
 
 def test_specblock_rank_head_switch() -> None:
-    from sgl_spec.specblock.algorithm import load_settings
+    from sgl_spec.specblock.settings import load_settings
 
     assert split_argv([])[0].specblock_rank_head == "on"
     cfg = split_argv(["--specblock-rank-head", "off", "--specblock-drafter-path", "x"])[0]
@@ -189,8 +189,21 @@ def test_minedraft_flags_are_validated() -> None:
             split_argv(argv)
 
 
+def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
+    from sgl_spec.algorithms import check_launch
+    from sgl_spec.argv import LaunchArgs
+
+    check_launch(config, LaunchArgs.from_argv(argv))
+
+
+def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+    from sgl_spec.algorithms import with_shipped_defaults
+    from sgl_spec.argv import LaunchArgs
+
+    return with_shipped_defaults(config, LaunchArgs.from_argv(argv))
+
+
 def test_minedraft_defaults_and_launch_checks() -> None:
-    from sgl_spec.minedraft.algorithm import check_launch_args
     from sgl_spec.model_defaults import flag_value, prepare_model_args
     from sgl_spec.models.registry import resolve_model_path
 
@@ -222,8 +235,7 @@ def test_minedraft_defaults_and_launch_checks() -> None:
 
 
 def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:  # noqa: ANN001
-    from sgl_spec.minedraft.algorithm import check_launch_args
-    from sgl_spec.model_defaults import fill_specblock_defaults, prepare_model_args
+    from sgl_spec.model_defaults import prepare_model_args
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
     argv = [*prepare_model_args(["--speculative-algorithm", "MINEDRAFT"]), "--device", "cpu"]

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sgl_spec.algorithms import with_shipped_defaults
+from sgl_spec.argv import LaunchArgs
 from sgl_spec.config import ConfigError, SpecConfig, split_argv
-from sgl_spec.model_defaults import MTP_DEFAULT_K, fill_mtp_defaults
+from sgl_spec.mtp.algorithm import MTP_DEFAULT_K
 from sgl_spec.mtp.info import MtpDraftInput, pad_drafts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -57,6 +59,10 @@ def test_mtp_flags_are_ours_and_validated() -> None:
     assert SpecConfig.from_env({"SGLSPEC_CONFIG": SpecConfig(mtp_k="3").to_env()}).mtp_k == "3"
 
 
+def fill_mtp_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+    return with_shipped_defaults(config, LaunchArgs.from_argv(argv))
+
+
 def test_shipped_target_gets_the_shipped_adapter_and_k() -> None:
     from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET
 
@@ -70,7 +76,7 @@ def test_shipped_target_gets_the_shipped_adapter_and_k() -> None:
 
 
 def test_bad_adapter_is_refused_naming_the_flag(tmp_path: Path) -> None:
-    from sgl_spec.mtp.algorithm import load_settings
+    from sgl_spec.mtp.settings import load_settings
 
     with pytest.raises(ValueError, match="--mtp-lora-path"):
         load_settings(SpecConfig())
@@ -92,7 +98,7 @@ def test_bench_mtp_lora_drops_pass_through_speculative_flags() -> None:
 
 
 def test_auto_controller_calibrates_online_with_an_optional_table(tmp_path: Path) -> None:
-    from sgl_spec.mtp.algorithm import build_controller
+    from sgl_spec.mtp.settings import build_controller
 
     online = build_controller(None, 3, 0.6)
     assert online.table is None and online.calibrating

@@ -16,16 +16,16 @@ from sgl_spec.cpu_kernels.tree_ops import verify_tree_greedy
 from sgl_spec.models.registry import resolve_model_path
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import DraftSettings, extend_prefix, grow_trees
-from sgl_spec.specblock.packing import (
+from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
+from sgl_spec.specblock.trainer import chain_forward
+from sgl_spec.verify.packing import (
     FULL_MASK,
     QLEN_ONLY,
     accepted_path,
     context_visibility,
     pack_trees,
 )
-from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.specblock.trainer import chain_forward
-from sgl_spec.specblock.tree import DraftTree, greedy_verify_walk
+from sgl_spec.verify.tree import DraftTree, greedy_verify_walk
 
 torch.set_num_threads(1)
 K, D, V = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V
@@ -254,7 +254,7 @@ def test_settings_and_target_fit_are_checked(tmp_path):
     from transformers import LlamaConfig
 
     from sgl_spec.config import SpecConfig
-    from sgl_spec.specblock.algorithm import check_target_fit, load_settings
+    from sgl_spec.specblock.settings import check_target_fit, load_settings
 
     model = specblock_drafter()
     model.save_pretrained(tmp_path / "d")
@@ -280,10 +280,14 @@ def test_settings_and_target_fit_are_checked(tmp_path):
 
 
 def test_shipped_target_gets_the_shipped_drafter():
+    from sgl_spec.algorithms import check_launch, with_shipped_defaults
+    from sgl_spec.argv import LaunchArgs
     from sgl_spec.config import SPECBLOCK_DEFAULT_M, SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
-    from sgl_spec.model_defaults import fill_specblock_defaults
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
-    from sgl_spec.specblock.algorithm import check_launch_args, load_settings
+    from sgl_spec.specblock.settings import load_settings
+
+    def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
+        return with_shipped_defaults(config, LaunchArgs.from_argv(argv))
 
     argv = ["--model-path", DEFAULT_TARGET, "--speculative-algorithm", "SPECBLOCK"]
     filled = fill_specblock_defaults(SpecConfig(), argv)
@@ -296,7 +300,8 @@ def test_shipped_target_gets_the_shipped_drafter():
     # the shipped drafter loads and fits the shipped target
     settings = load_settings(filled)
     assert settings.block_size > 1
-    check_launch_args(filled, ["--model-path", resolve_model_path(DEFAULT_TARGET), *argv[2:]])
+    target = ["--model-path", resolve_model_path(DEFAULT_TARGET), *argv[2:]]
+    check_launch(filled, LaunchArgs.from_argv(target))
     mine = fill_specblock_defaults(SpecConfig(specblock_drafter_path="/x", specblock_m=3), argv)
     assert (mine.specblock_drafter_path, mine.specblock_m) == ("/x", 3)
     other = ["--model-path", "/some/model", "--speculative-algorithm", "SPECBLOCK"]

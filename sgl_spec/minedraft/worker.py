@@ -49,17 +49,18 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
+from sgl_spec.argv import LaunchArgs
 from sgl_spec.config import SpecConfig
 from sgl_spec.messages import Hello
-from sgl_spec.minedraft.algorithm import load_settings
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
 from sgl_spec.minedraft.client import DraftServerClient
 from sgl_spec.minedraft.info import MineDraftDraftInput
 from sgl_spec.minedraft.link import DraftJob, DraftLink
+from sgl_spec.minedraft.settings import load_settings
 from sgl_spec.minedraft.stats import MineDraftStats
-from sgl_spec.specblock.info import SpecBlockVerifyInput
-from sgl_spec.specblock.packing import pack_trees
-from sgl_spec.specblock.tree import DraftTree
+from sgl_spec.verify.info import IrregularTreeVerifyInput
+from sgl_spec.verify.packing import pack_trees
+from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 _TREE_VERIFY_TOPK = 2  # selects run_eagle_verify's path compaction (identity for chains)
@@ -76,7 +77,9 @@ class MineDraftWorker(BaseSpecWorker):
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__()
-        self.settings = load_settings(SpecConfig.from_env(), server_args)
+        self.settings = load_settings(
+            SpecConfig.from_env(), LaunchArgs.from_server_args(server_args)
+        )
         self.server_args = server_args
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
@@ -141,7 +144,7 @@ class MineDraftWorker(BaseSpecWorker):
         """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does
         (``SpecBlockWorker._capture_target_features``); returns the column index of the
         features in SGLang's captured hidden states."""
-        from sgl_spec.specblock.algorithm import check_target_fit, read_drafter_config
+        from sgl_spec.specblock.settings import check_target_fit, read_drafter_config
 
         config = read_drafter_config(self.settings.draft_model_path)
         check_target_fit(
@@ -381,7 +384,7 @@ class MineDraftWorker(BaseSpecWorker):
             trees.append(tree)
         packed = pack_trees(trees, seq_lens, self.width, int(self._mask_mode()))
         dev = self.device
-        sub.spec_info = SpecBlockVerifyInput(
+        sub.spec_info = IrregularTreeVerifyInput(
             draft_token=packed.draft_tokens.to(dev),
             custom_mask=packed.custom_mask.to(dev),
             positions=packed.positions.to(dev),

@@ -37,6 +37,25 @@ def known_names() -> list[str]:
     return sorted(SHIPPED_MODELS)
 
 
+def resolve_artifact_dir(
+    value: str | None, flag: str, marker: str, algorithm: str, trainer: str
+) -> str:
+    """The directory a ``flag`` names (a shipped name or a local path) holding ``marker``;
+    ``ValueError`` naming ``flag`` otherwise (``algorithm`` needs it, ``trainer`` makes one)."""
+    if value is None:
+        raise ValueError(
+            f"{algorithm} needs {flag} (a directory trained with `python -m {trainer}`);"
+            " launch through `python -m sgl_spec.launch_server`"
+        )
+    try:
+        path = Path(resolve_model_path(value))
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from exc
+    if not (path / marker).is_file():
+        raise ValueError(f"{flag}: {value!r} has no {marker}")
+    return str(path)
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Map a registered name to its shipped directory; pass an existing directory through.
 

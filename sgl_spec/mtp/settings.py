@@ -1,24 +1,15 @@
-"""``--speculative-algorithm MTP_LORA``: registration, start-up validation, runtime settings.
-
-SGLang sizes its per-step KV reservation and verify buffers from ``speculative_num_steps`` /
-``speculative_num_draft_tokens``; for MTP with k drafts a step feeds (k+1)² tokens per request,
-so those are set from the largest k this server may use. Our own flags (``--mtp-lora-path``,
-``--mtp-k``, ``--mtp-gamma-table``) come from ``SpecConfig`` (see ``sgl_spec/config.py``).
-"""
+"""MTP_LORA's settings, built from ``--mtp-lora-path``, ``--mtp-k`` and ``--mtp-gamma-table``
+(``SpecConfig``), each problem refused naming its flag; read by the launch check
+(``mtp/algorithm.py``) and by the worker in the scheduler process."""
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sgl_spec.config import SpecConfig
-from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
-
-logger = logging.getLogger(__name__)
-NAME = "MTP_LORA"
 
 
 @dataclass(frozen=True)
@@ -35,20 +26,11 @@ class MtpSettings:
 
 
 def resolve_adapter_path(value: str | None) -> str:
-    from sgl_spec.models.registry import resolve_model_path
+    from sgl_spec.models.registry import resolve_artifact_dir
 
-    if value is None:
-        raise ValueError(
-            "MTP_LORA needs --mtp-lora-path (an adapter directory trained with"
-            " `python -m sgl_spec.mtp.train`); launch through `python -m sgl_spec.launch_server`"
-        )
-    try:
-        path = Path(resolve_model_path(value))
-    except ValueError as exc:
-        raise ValueError(f"--mtp-lora-path: {exc}") from exc
-    if not (path / "adapter_config.json").is_file():
-        raise ValueError(f"--mtp-lora-path: {value!r} has no adapter_config.json")
-    return str(path)
+    return resolve_artifact_dir(
+        value, "--mtp-lora-path", "adapter_config.json", "MTP_LORA", "sgl_spec.mtp.train"
+    )
 
 
 def load_settings(config: SpecConfig) -> MtpSettings:
@@ -131,39 +113,3 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
         return SpeculationController(table, MTPGatedLoRACost(), config)
     except ValueError as exc:
         raise ValueError(f"--mtp-gamma-table: {exc}") from exc
-
-
-def runtime_settings(model_runner: Any) -> MtpSettings:
-    """Settings inside the scheduler process (the config travels in the environment)."""
-    del model_runner
-    return load_settings(SpecConfig.from_env())
-
-
-class MtpSpecAlgo(OwnDraftStateSpecAlgo):
-    """Duck-typed SGLang algorithm: single model, no draft KV pool."""
-
-    def handle_server_args(self, server_args: Any) -> None:
-        settings = load_settings(SpecConfig.from_env())
-        if server_args.speculative_draft_model_path is not None:
-            raise ValueError(
-                "MTP_LORA drafts with the target itself; drop --speculative-draft-model-path"
-            )
-        require_single_rank("MTP_LORA", server_args)
-        k = settings.max_k
-        server_args.speculative_num_steps = max(k, 1)
-        server_args.speculative_eagle_topk = 1
-        server_args.speculative_num_draft_tokens = (k + 1) ** 2
-        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
-            # The gate rows change every step; graph replay would freeze them.
-            logger.warning("MTP_LORA: disabling CUDA graphs (per-step LoRA gates)")
-            server_args.disable_cuda_graph = True
-
-
-def register() -> None:
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    @SpeculativeAlgorithm.register(NAME, supports_overlap=False, spec_class=MtpSpecAlgo)
-    def _factory(server_args: Any) -> type:
-        from sgl_spec.mtp.worker import MtpLoraWorker
-
-        return MtpLoraWorker

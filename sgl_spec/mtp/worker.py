@@ -78,14 +78,15 @@ class MtpLoraWorker(BaseSpecWorker):
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__()
-        from sgl_spec.mtp.algorithm import runtime_settings
+        from sgl_spec.config import SpecConfig
+        from sgl_spec.mtp.settings import load_settings
 
         self.server_args = server_args
         self._target_worker = target_worker
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
         self.device = target_worker.device
-        settings = runtime_settings(self.model_runner)
+        settings = load_settings(SpecConfig.from_env())
         self.lora: GatedLoRA = install_gated_lora(
             self.model_runner.model,
             settings.adapter_path,

@@ -71,7 +71,7 @@ def feature_bytes_per_token(dtype: object) -> int:
     """Bytes per target KV location of MINEDRAFT's feature cache for the hosted drafter."""
     import torch
 
-    from sgl_spec.specblock.algorithm import read_drafter_config, resolve_drafter_path
+    from sgl_spec.specblock.settings import read_drafter_config, resolve_drafter_path
 
     config = read_drafter_config(resolve_drafter_path(SpecConfig.from_env().specblock_drafter_path))
     return 3 * config.target_hidden_size * torch.empty((), dtype=dtype).element_size()
@@ -79,10 +79,10 @@ def feature_bytes_per_token(dtype: object) -> int:
 
 def drafter_bytes_per_token(dtype: object) -> int:
     """Bytes per target KV location of the configured drafter (0 without one)."""
-    from sgl_spec.specblock.algorithm import read_drafter_config, runtime_settings
     from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row
+    from sgl_spec.specblock.settings import load_settings, read_drafter_config
 
-    settings = runtime_settings()
+    settings = load_settings(SpecConfig.from_env())
     return drafter_kv_bytes_per_row(read_drafter_config(settings.drafter_path), dtype)
 
 

@@ -1,27 +1,18 @@
-"""``--speculative-algorithm SPECBLOCK``: registration, start-up validation, runtime settings.
-
-SGLang sizes each decode step's KV reservation from ``speculative_num_steps`` (the depth bound
-M*K) and ``speculative_num_draft_tokens`` (the verified tree width, ``--specblock-max-nodes``).
-Our own flags come from ``SpecConfig`` (``sgl_spec/config.py``); every problem with them, the
-drafter checkpoint or its fit to the target is refused at start-up with one message naming the
-flag or file.
-"""
+"""SPECBLOCK's settings, built from the ``--specblock-*`` flags (``SpecConfig``) and the
+drafter checkpoint; every problem with them or with the drafter's fit to the target is refused
+with one message naming the flag or file. Read by the launch check (``specblock/algorithm.py``),
+the worker and the KV-budget patch."""
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sgl_spec.config import SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
-from sgl_spec.spec_algo import OwnDraftStateSpecAlgo, require_single_rank
 from sgl_spec.specblock.adapt import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
-
-logger = logging.getLogger(__name__)
-NAME = "SPECBLOCK"
 
 
 @dataclass(frozen=True)
@@ -44,21 +35,11 @@ class SpecBlockSettings:
 
 
 def resolve_drafter_path(value: str | None) -> str:
-    if value is None:
-        raise ValueError(
-            "SPECBLOCK needs --specblock-drafter-path (a drafter directory trained with"
-            " `python -m sgl_spec.specblock.train`); launch through"
-            " `python -m sgl_spec.launch_server`"
-        )
-    from sgl_spec.models.registry import resolve_model_path
+    from sgl_spec.models.registry import resolve_artifact_dir
 
-    try:
-        path = Path(resolve_model_path(value))
-    except ValueError as exc:
-        raise ValueError(f"--specblock-drafter-path: {exc}") from exc
-    if not (path / "config.json").is_file():
-        raise ValueError(f"--specblock-drafter-path: {value!r} has no config.json")
-    return str(path)
+    return resolve_artifact_dir(
+        value, "--specblock-drafter-path", "config.json", "SPECBLOCK", "sgl_spec.specblock.train"
+    )
 
 
 def read_drafter_config(path: str) -> Any:
@@ -121,52 +102,7 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
     return SpecBlockSettings(path, k, draft, adapt)
 
 
-def runtime_settings() -> SpecBlockSettings:
-    """Settings inside the scheduler process (the config travels in the environment)."""
-    return load_settings(SpecConfig.from_env())
-
-
-class SpecBlockSpecAlgo(OwnDraftStateSpecAlgo):
-    """Duck-typed SGLang algorithm: the drafter's KV lives in the worker, not in SGLang."""
-
-    def handle_server_args(self, server_args: Any) -> None:
-        settings = load_settings(SpecConfig.from_env())
-        if server_args.speculative_draft_model_path is not None:
-            raise ValueError(
-                "SPECBLOCK drafts with --specblock-drafter-path; drop"
-                " --speculative-draft-model-path"
-            )
-        require_single_rank("SPECBLOCK", server_args)
-        if server_args.model_path is not None:
-            _check_model_dir(settings.drafter_path, server_args.model_path)
-        server_args.speculative_num_steps = settings.verify_depth
-        server_args.speculative_eagle_topk = 1
-        server_args.speculative_num_draft_tokens = settings.draft.max_nodes
-        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
-            logger.warning("SPECBLOCK: disabling CUDA graphs (data-dependent trees)")
-            server_args.disable_cuda_graph = True
-
-
-def check_launch_args(config: SpecConfig, argv: list[str]) -> None:
-    """In the launcher, before SGLang starts: refuse bad SPECBLOCK settings with one message
-    (``ConfigError``) naming the flag or file."""
-    from sgl_spec.argv import flag_value
-    from sgl_spec.config import ConfigError
-
-    if (flag_value(argv, "--speculative-algorithm") or "").upper() != NAME:
-        if config.specblock_adapt:
-            raise ConfigError("--specblock-adapt needs --speculative-algorithm SPECBLOCK")
-        return
-    try:
-        settings = load_settings(config)
-        model_path = flag_value(argv, "--model-path")
-        if model_path is not None:
-            _check_model_dir(settings.drafter_path, model_path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-
-
-def _check_model_dir(drafter_path: str, model_path: str) -> None:
+def check_model_dir(drafter_path: str, model_path: str) -> None:
     """Refuse a drafter trained for another target, when the target is a local directory."""
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
@@ -175,13 +111,3 @@ def _check_model_dir(drafter_path: str, model_path: str) -> None:
 
     target = AutoConfig.from_pretrained(model_path)
     check_target_fit(read_drafter_config(drafter_path), target, drafter_path)
-
-
-def register() -> None:
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    @SpeculativeAlgorithm.register(NAME, supports_overlap=False, spec_class=SpecBlockSpecAlgo)
-    def _factory(server_args: Any) -> type:
-        from sgl_spec.specblock.worker import SpecBlockWorker
-
-        return SpecBlockWorker

@@ -28,15 +28,17 @@ from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
+from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt_serving import OnlineAdapter
-from sgl_spec.specblock.algorithm import check_target_fit, runtime_settings
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
-from sgl_spec.specblock.info import SpecBlockDraftInput, SpecBlockVerifyInput
+from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import CheckpointError, SpecBlockDrafter
-from sgl_spec.specblock.packing import accepted_path, pack_trees
+from sgl_spec.specblock.settings import check_target_fit, load_settings
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.specblock.tree import DraftTree
+from sgl_spec.verify.info import IrregularTreeVerifyInput
+from sgl_spec.verify.packing import accepted_path, pack_trees
+from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_STEPS = 50
@@ -51,7 +53,7 @@ class SpecBlockWorker(BaseSpecWorker):
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__()
-        settings = runtime_settings()
+        settings = load_settings(SpecConfig.from_env())
         self.server_args = server_args
         self._target_worker = target_worker
         self._draft_worker = None
@@ -270,7 +272,7 @@ class SpecBlockWorker(BaseSpecWorker):
         width = self.draft_settings.max_nodes
         packed = pack_trees(drafted.trees, seq_lens_list, width, int(self._mask_mode()))
         dev = self.device
-        batch.spec_info = SpecBlockVerifyInput(
+        batch.spec_info = IrregularTreeVerifyInput(
             draft_token=packed.draft_tokens.to(dev),
             custom_mask=packed.custom_mask.to(dev),
             positions=packed.positions.to(dev),

@@ -1,0 +1,115 @@
+"""The one shape of an sgl-spec speculative algorithm, and its adapter to SGLang's registry.
+
+An algorithm (``mtp/algorithm.py``, ``specblock/algorithm.py``, ``minedraft/algorithm.py``)
+says: its name; the settings it builds from our config and SGLang's launch settings (refusing
+bad ones with a message naming the flag); the defaults it fills in on the shipped models; the
+verify shape SGLang must size its buffers for; and its worker class. The launcher and SGLang's
+``handle_server_args`` run the same ``check``; ``sgl_spec/algorithms.py`` lists the algorithms.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sgl_spec.argv import LaunchArgs
+from sgl_spec.config import SpecConfig
+
+logger = logging.getLogger(__name__)
+
+
+class Algorithm(ABC):
+    """An algorithm registered with SGLang as ``--speculative-algorithm NAME``."""
+
+    name: ClassVar[str]
+    # True when the algorithm drafts with --speculative-draft-model-path (a draft LM).
+    uses_draft_model: ClassVar[bool] = False
+    # Why the algorithm cannot replay CUDA graphs (logged when it turns them off).
+    cuda_graph_off_reason: ClassVar[str]
+
+    def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
+        """``config`` with this algorithm's defaults for the shipped models, where unset."""
+        del launch
+        return config
+
+    @abstractmethod
+    def settings(self, config: SpecConfig, launch: LaunchArgs) -> Any:
+        """The validated settings; ``ValueError`` naming the flag or file otherwise."""
+
+    def check(self, config: SpecConfig, launch: LaunchArgs) -> Any:
+        """The launch-time check, run by the launcher before SGLang starts and again by SGLang's
+        ``handle_server_args``; returns the settings."""
+        if not self.uses_draft_model and launch.draft_model_path is not None:
+            raise ValueError(
+                f"{self.name} does not draft with a draft model; drop"
+                " --speculative-draft-model-path"
+            )
+        return self.settings(config, launch)
+
+    @abstractmethod
+    def verify_shape(self, settings: Any) -> tuple[int, int]:
+        """(``speculative_num_steps``, ``speculative_num_draft_tokens``): the deepest accepted
+        path and the widest verify block per request, which SGLang sizes its per-step KV
+        reservation and verify buffers from."""
+
+    @abstractmethod
+    def worker_class(self) -> type:
+        """The worker SGLang's scheduler builds around the target worker."""
+
+    def register(self) -> None:
+        """Register with SGLang (called in every process by the plugin entry point)."""
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        spec_class = type(f"{type(self).__name__}SpecAlgo", (SglSpecAlgo,), {"algorithm": self})
+        SpeculativeAlgorithm.register(self.name, supports_overlap=False, spec_class=spec_class)(
+            lambda server_args: self.worker_class()
+        )
+
+
+class SglSpecAlgo(CustomSpecAlgo):
+    """SGLang's view of our algorithm: no draft KV pool in SGLang (MTP_LORA drafts with the
+    target, SPECBLOCK keeps its drafter's KV in its worker, MINEDRAFT in its draft server)."""
+
+    algorithm: ClassVar[Algorithm]
+
+    def handle_server_args(self, server_args: Any) -> None:
+        algorithm = self.algorithm
+        require_single_rank(algorithm.name, server_args)
+        settings = algorithm.check(SpecConfig.from_env(), LaunchArgs.from_server_args(server_args))
+        num_steps, num_draft_tokens = algorithm.verify_shape(settings)
+        server_args.speculative_num_steps = num_steps
+        server_args.speculative_eagle_topk = 1
+        server_args.speculative_num_draft_tokens = num_draft_tokens
+        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
+            logger.warning(
+                "%s: disabling CUDA graphs (%s)", algorithm.name, algorithm.cuda_graph_off_reason
+            )
+            server_args.disable_cuda_graph = True
+
+    def has_draft_kv(self) -> bool:
+        return False
+
+    # Methods SGLang's enum has and its CustomSpecAlgo base lacks (0.5.23).
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self) -> type | None:
+        return None
+
+    def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
+
+
+def require_single_rank(name: str, server_args: Any) -> None:
+    """Refuse tensor / pipeline / data parallelism, which ``name`` does not support yet."""
+    for flag in ("tp_size", "pp_size", "dp_size"):
+        if int(getattr(server_args, flag, 1) or 1) != 1:
+            raise ValueError(f"{name} supports --{flag.replace('_', '-')} 1 only for now")

@@ -1,0 +1,47 @@
+"""``--speculative-algorithm SPECBLOCK``: a block-iterative drafter on the target's hidden
+states grows a rank-shaped draft tree that the target verifies in one forward
+(``specblock/worker.py``).
+
+SGLang sizes a step's KV reservation from the deepest verifiable path (M*K, bounded by the node
+budget) and its verify buffers from the tree width (``--specblock-max-nodes``).
+"""
+
+from __future__ import annotations
+
+from sgl_spec.algorithm import Algorithm
+from sgl_spec.argv import LaunchArgs
+from sgl_spec.config import SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
+from sgl_spec.specblock.settings import SpecBlockSettings, check_model_dir, load_settings
+
+
+class SpecBlock(Algorithm):
+    name = "SPECBLOCK"
+    cuda_graph_off_reason = "data-dependent trees"
+
+    def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
+        """The shipped drafter and the node budget measured best on the shipped models."""
+        from sgl_spec.model_defaults import fill_unset_for_shipped
+        from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
+
+        defaults = {
+            "specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER,
+            "specblock_max_nodes": SPECBLOCK_SHIPPED_MAX_NODES,
+        }
+        return fill_unset_for_shipped(config, launch, self.name, defaults)
+
+    def settings(self, config: SpecConfig, launch: LaunchArgs) -> SpecBlockSettings:
+        settings = load_settings(config)
+        if launch.model_path is not None:
+            check_model_dir(settings.drafter_path, launch.model_path)
+        return settings
+
+    def verify_shape(self, settings: SpecBlockSettings) -> tuple[int, int]:
+        return settings.verify_depth, settings.draft.max_nodes
+
+    def worker_class(self) -> type:
+        from sgl_spec.specblock.worker import SpecBlockWorker
+
+        return SpecBlockWorker
+
+
+ALGORITHM = SpecBlock()

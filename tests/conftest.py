@@ -51,3 +51,15 @@ def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:  # noqa: 
     finally:
         server.stop()
     return outputs
+
+
+# Fixtures that start an SGLang server or a MINEDRAFT draft-server process: a test that uses
+# one, directly or through another fixture, is in the `server` lane (`pytest -m "not server"`
+# is the fast lane).
+SERVER_FIXTURES = frozenset({"servers", "baseline_greedy", "default_server", "client"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)

@@ -15,7 +15,7 @@ from sgl_spec.minedraft import specblock_host
 from sgl_spec.minedraft.draft_model import DraftStateError
 from sgl_spec.minedraft.specblock_host import SpecBlockChainModel
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix, grow_trees
-from sgl_spec.specblock.packing import context_visibility
+from sgl_spec.verify.packing import context_visibility
 
 NUM_STEPS = 5  # more than one block of K = SPECBLOCK_K
 

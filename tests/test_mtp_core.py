@@ -14,6 +14,7 @@ from tiny_models import build_corpus
 
 from sgl_spec.models.export import load_model_dir
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
+from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.gated_lora import (
     AdapterError,
     BaseDims,
@@ -22,8 +23,6 @@ from sgl_spec.mtp.gated_lora import (
     MtpAdapterConfig,
     attach_to_hf_model,
     gated_lora_reference,
-    load_adapter,
-    save_adapter,
 )
 from sgl_spec.mtp.layout import (
     IGNORE_INDEX,

@@ -193,7 +193,7 @@ def test_prompt_validation_wraps_sglang_validation() -> None:
 def test_standalone_full_context_window_slots_and_seq_len_shift() -> None:
     from types import SimpleNamespace
 
-    from sgl_spec.patches.standalone_full_context import shift_seq_lens, window_slots
+    from sgl_spec.patches.standalone_draft import shift_seq_lens, window_slots
 
     req_to_token = torch.arange(40, dtype=torch.int32).view(4, 10)  # row r, column c -> 10r + c
     slots = window_slots(req_to_token, torch.tensor([2, 0]), torch.tensor([3, 7]), 3)
@@ -210,3 +210,24 @@ def test_standalone_full_context_window_slots_and_seq_len_shift() -> None:
     gpu_only = SimpleNamespace(seq_lens=torch.tensor([5]), seq_lens_cpu=None, seq_lens_sum=None)
     shift_seq_lens(gpu_only, 1)
     assert gpu_only.seq_lens.tolist() == [6] and gpu_only.seq_lens_cpu is None
+
+
+def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:  # noqa: ANN001
+    import importlib
+
+    from sgl_spec.patches import cpu_graph_fakes
+
+    module = importlib.import_module(cpu_graph_fakes.TARGET)
+    seen: list[str] = []
+
+    def upstream(op_name: str):  # noqa: ANN202
+        seen.append(op_name)
+        return lambda fn: "registered"
+
+    monkeypatch.setattr(module, "register_cpu_compile_fake", upstream)
+    assert cpu_graph_fakes.apply()
+    assert not cpu_graph_fakes.apply()  # idempotent
+    patched = module.register_cpu_compile_fake
+    assert patched("no_such_op_anywhere")(len) is len  # nothing registered, no error
+    assert patched("rmsnorm_cpu")(len) == "registered"  # defined (ours or native): upstream
+    assert seen == ["rmsnorm_cpu"]

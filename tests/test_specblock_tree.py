@@ -12,17 +12,14 @@ from sgl_spec.specblock.tree import (
     BUCKET_MAP_DEFAULT,
     BUCKET_MAP_FALLBACK,
     BlockProposal,
-    DraftTree,
     Start,
-    ancestor_mask,
     branch_widths,
-    build_verify_input,
     expand_blocks,
-    greedy_verify_walk,
     grow_tree,
     propose_from_logits,
     prune_to_budget,
 )
+from sgl_spec.verify.tree import DraftTree, ancestor_mask, build_verify_input, greedy_verify_walk
 
 K, W = 3, 10
 

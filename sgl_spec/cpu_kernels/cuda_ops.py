@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from sgl_spec.cpu_kernels import layers
-from sgl_spec.cpu_kernels.registry import OpDef
+from sgl_spec.cpu_kernels.opdef import OpDef
 
 
 def rmsnorm(

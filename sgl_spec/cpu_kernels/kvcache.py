@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from sgl_spec.cpu_kernels.registry import OpDef
+from sgl_spec.cpu_kernels.opdef import OpDef
 
 
 def _rows_view(base_ptr: int, stride_bytes: int, num_rows: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.cpu_kernels.registry import OpDef
+from sgl_spec.cpu_kernels.opdef import OpDef
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

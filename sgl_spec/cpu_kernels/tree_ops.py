@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_spec.cpu_kernels.registry import OpDef
+from sgl_spec.cpu_kernels.opdef import OpDef
 
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
 

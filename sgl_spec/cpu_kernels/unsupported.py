@@ -7,7 +7,7 @@ so a model that really needs it fails loudly instead of computing something wron
 
 from __future__ import annotations
 
-from sgl_spec.cpu_kernels.registry import OpDef
+from sgl_spec.cpu_kernels.opdef import OpDef
 
 IMPORT_TIME_ONLY = (
     "flash_attn_varlen_func",

@@ -33,7 +33,7 @@ import torch
 from sgl_spec.minedraft.draft_model import DraftStateError, SequenceTable
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.packing import context_visibility
+from sgl_spec.verify.packing import context_visibility
 
 EXTEND_CHUNK = 256  # positions per extend forward (bounds its [S*K, C + S*K] mask)
 

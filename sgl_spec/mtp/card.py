@@ -98,7 +98,8 @@ with all {cfg["k_max"]} labels inside the sequence):
 ```python
 from sgl_spec.models.export import load_model_dir
 from sgl_spec.models.registry import resolve_model_path
-from sgl_spec.mtp.gated_lora import attach_to_hf_model, load_adapter
+from sgl_spec.mtp.adapter_io import load_adapter
+from sgl_spec.mtp.gated_lora import attach_to_hf_model
 
 target = load_model_dir(resolve_model_path("{cfg["base_model"]}"))
 adapter, config = load_adapter(resolve_model_path("{log.get("name", str(out_dir))}"), target.config)

@@ -13,8 +13,7 @@ The adapter also holds one learned input embedding per mask slot. The base embed
 never modified: the shipped target ties them to ``lm_head``, so changing them would change the
 base logits. Instead the mask embeddings replace the looked-up embedding at mask positions.
 
-The on-disk format (``save_adapter`` / ``load_adapter``, re-exported here) lives in
-``adapter_io``. Pure PyTorch; the Hugging Face attachment uses forward hooks, so the model's modules, parameter
+The on-disk format (``save_adapter`` / ``load_adapter``) lives in ``adapter_io``. Pure PyTorch; the Hugging Face attachment uses forward hooks, so the model's modules, parameter
 names and state dict are unchanged and ``detach()`` restores the plain model.
 """
 
@@ -30,7 +29,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.config import ATTN_MODULES, AdapterError, BaseDims, MtpAdapterConfig
 
 __all__ = [
@@ -42,8 +40,6 @@ __all__ = [
     "MtpHandle",
     "attach_to_hf_model",
     "gated_lora_reference",
-    "load_adapter",
-    "save_adapter",
 ]
 
 

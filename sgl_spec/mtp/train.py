@@ -18,10 +18,10 @@ import torch
 
 from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.config import BaseDims, MtpAdapterConfig
-from sgl_spec.mtp.data import DEFAULT_CACHE
 from sgl_spec.mtp.gated_lora import MtpAdapter, attach_to_hf_model
 from sgl_spec.mtp.trainer import MtpTrainConfig, train_adapter
 from sgl_spec.training import cli
+from sgl_spec.training.greedy_data import DEFAULT_CACHE
 
 PROG = "python -m sgl_spec.mtp.train"
 

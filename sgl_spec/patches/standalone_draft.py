@@ -24,12 +24,36 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_proposal
 from sglang.srt.utils.common import fast_topk
 
-from sgl_spec.patches.standalone_full_context import (
-    is_pending,
-    set_pending,
-    shift_seq_lens,
-    window_slots,
-)
+# Set on a Req whose bonus token has no draft KV yet (fresh from prefill).
+_PENDING = "_sgl_spec_draft_bonus_pending"
+
+
+def is_pending(req: object) -> bool:
+    return bool(getattr(req, _PENDING, False))
+
+
+def set_pending(req: object, value: bool) -> None:
+    setattr(req, _PENDING, value)
+
+
+def shift_seq_lens(batch: object, delta: int) -> None:
+    """Move ``batch``'s sequence lengths (device, host mirror and sum) by ``delta``."""
+    batch.seq_lens = batch.seq_lens + delta
+    if batch.seq_lens_cpu is not None:
+        batch.seq_lens_cpu = batch.seq_lens_cpu + delta
+    if getattr(batch, "seq_lens_sum", None) is not None:
+        batch.seq_lens_sum = batch.seq_lens_sum + delta * len(batch.seq_lens)
+
+
+def window_slots(
+    req_to_token: torch.Tensor,  # [rows, max_context]
+    req_pool_indices: torch.Tensor,  # [bs]
+    start: torch.Tensor,  # [bs]
+    width: int,
+) -> torch.Tensor:
+    """KV slots of positions ``start .. start + width - 1`` of each request, flat [bs * width]."""
+    cols = start.to(torch.int64)[:, None] + torch.arange(width, device=start.device)
+    return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols].flatten().to(torch.int64)
 
 
 def _propose(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from sgl_spec.specblock.drafting import PrefixContext
-from sgl_spec.specblock.packing import context_visibility
+from sgl_spec.verify.packing import context_visibility
 
 
 def drafter_kv_shape(config: object) -> tuple[int, int, int, int]:

@@ -34,12 +34,12 @@ from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.tree import (
     BUCKET_MAP_DEFAULT,
     DEFAULT_START_BUCKETS,
-    DraftTree,
     Start,
     expand_blocks,
     propose_from_logits,
     prune_to_budget,
 )
+from sgl_spec.verify.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,7 @@
 ``SpecBlockDraftInput`` is the per-request state between two steps: the bonus token (verified,
 no KV yet, at position ``seq_len``) and the drafter state ``h^(L)`` the next tree's first block
 conditions on (slot 1 of the drafter block of the last processed position, ``drafting``).
-``SpecBlockVerifyInput`` is SGLang's ``EagleVerifyInput`` for an irregular tree: the rank head
-shapes each tree, so there is no fixed top-k per level and the depth bound is ``M*K``.
+The verify side is ``sgl_spec.verify.info.IrregularTreeVerifyInput``.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
 
@@ -48,12 +46,3 @@ class SpecBlockDraftInput(SpecInput):
         self.bonus_tokens = torch.cat((self.bonus_tokens, other.bonus_tokens))
         self.root_cond = torch.cat((self.root_cond, other.root_cond))
         self.new_seq_lens = torch.cat((self.new_seq_lens, other.new_seq_lens))
-
-
-@dataclass
-class SpecBlockVerifyInput(EagleVerifyInput):
-    """``spec_steps`` is the depth bound M*K; the tree shape is data-dependent."""
-
-    @property
-    def tree_topk(self) -> int:
-        return -1  # irregular tree: the CPU backend then applies the custom mask

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.mtp.data import DEFAULT_CACHE as GREEDY_CACHE
 from sgl_spec.specblock.data import draft_vocab
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
 from sgl_spec.training import cli
+from sgl_spec.training.greedy_data import DEFAULT_CACHE as GREEDY_CACHE
 
 PROG = "python -m sgl_spec.specblock.train"
 DEFAULT_SPECBLOCK_WORK = Path.home() / ".cache" / "sgl_spec" / "specblock"

@@ -22,7 +22,7 @@ import torch
 
 from sgl_spec.models.registry import DEFAULT_TARGET, NAMESPACE, resolve_model_path
 from sgl_spec.models.train import DEFAULT_WORK
-from sgl_spec.mtp.data import GreedySpec, greedy_dataset
+from sgl_spec.training.greedy_data import GreedySpec, greedy_dataset
 from sgl_spec.training.loop import RunOptions
 
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -1,4 +1,5 @@
-"""Training and evaluation data of the MTP adapter: the target's own greedy continuations.
+"""Training and evaluation data of the drafters (MTP adapter, SpecBlock drafter): the target's own
+greedy continuations.
 
 Speculative decoding accepts a draft exactly when it equals the target's own (greedy) choice, so
 the masks are trained on what the *target* writes, not on the corpus: prompts are windows of the

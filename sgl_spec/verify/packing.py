@@ -1,5 +1,6 @@
-"""Pack a batch of SpecBlock draft trees into one target-verify input (paper App. A.2 / Alg. 2
-line 11) and index the drafter KV pool's context. Pure functions of trees and lengths.
+"""Pack a batch of draft trees (SpecBlock trees, MineDraft chains) into one target-verify input
+(SpecBlock paper App. A.2 / Alg. 2 line 11) and index a drafter KV pool's context. Pure
+functions of trees and lengths.
 
 SGLang's target-verify forward takes the same number of tokens per request, so every tree is
 padded to ``width`` nodes. A padding node has token 0, sits at the root's position, sees only
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_spec.specblock.tree import DraftTree, build_verify_input
+from sgl_spec.verify.tree import DraftTree, build_verify_input
 
 QLEN_ONLY = 1
 FULL_MASK = 0

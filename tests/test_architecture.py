@@ -1,0 +1,125 @@
+"""The package's shape: no import cycles, algorithms kept apart, generated docs up to date.
+
+Imports are read from the source (every ``import`` statement, at module level or inside a
+function), so a cycle that only a lazy import closes still fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "sgl_spec"
+ALGORITHM_PACKAGES = ("mtp", "specblock", "minedraft")
+# MINEDRAFT's draft server can host the SpecBlock drafter (--minedraft-drafter specblock):
+# these modules load, check and run it.
+HOSTS = {
+    "sgl_spec.minedraft.settings": "specblock",
+    "sgl_spec.minedraft.specblock_host": "specblock",
+    "sgl_spec.minedraft.worker": "specblock",
+}
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the ``sgl_spec`` modules it imports (a submodule where one is named)."""
+    modules = module_files()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+            else:
+                continue
+            for target in targets:
+                resolved = resolve(target) if target.startswith("sgl_spec") else None
+                if resolved and resolved != name:
+                    graph[name].add(resolved)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_algorithms_do_not_import_each_other() -> None:
+    wrong = []
+    for module, targets in import_graph().items():
+        owner = (module.split(".") + [""])[1]
+        if owner not in ALGORITHM_PACKAGES:
+            continue
+        for target in targets:
+            other = (target.split(".") + [""])[1]
+            if other in ALGORITHM_PACKAGES and other != owner and HOSTS.get(module) != other:
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, wrong
+
+
+def test_flags_doc_is_generated_from_the_config() -> None:
+    generated = subprocess.run(
+        [sys.executable, "-m", "sgl_spec.config"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert (ROOT / "docs" / "flags.md").read_text() == generated, (
+        "docs/flags.md is stale: python -m sgl_spec.config > docs/flags.md"
+    )

@@ -1,12 +1,12 @@
 """The speculative algorithms sgl-spec adds to SGLang, and what the launcher does with them.
 
-Each entry implements ``sgl_spec.algorithm.Algorithm``; adding an algorithm is one line here.
+Each entry implements ``sgl_spec.common.algorithm.Algorithm``; adding an algorithm is one line here.
 """
 
 from __future__ import annotations
 
-from sgl_spec.algorithm import Algorithm
 from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import ConfigError, SpecConfig
 
 

@@ -5,8 +5,8 @@ verifies the other (``minedraft/worker.py``, paper §5).
 
 from __future__ import annotations
 
-from sgl_spec.algorithm import Algorithm
 from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
 from sgl_spec.minedraft.settings import MineDraftSettings, load_settings
 

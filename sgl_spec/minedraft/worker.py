@@ -32,7 +32,6 @@ draft-server restart find their rows there.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
@@ -45,11 +44,10 @@ import numpy as np
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative import eagle_utils
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
 from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.tree_verify import verify_trees
+from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.config import SpecConfig
 from sgl_spec.messages import Hello
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
@@ -58,12 +56,9 @@ from sgl_spec.minedraft.info import MineDraftDraftInput
 from sgl_spec.minedraft.link import DraftJob, DraftLink
 from sgl_spec.minedraft.settings import load_settings
 from sgl_spec.minedraft.stats import MineDraftStats
-from sgl_spec.verify.info import IrregularTreeVerifyInput
-from sgl_spec.verify.packing import pack_trees
 from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
-_TREE_VERIFY_TOPK = 2  # selects run_eagle_verify's path compaction (identity for chains)
 
 
 @dataclass
@@ -72,23 +67,18 @@ class _Phase:
     result: GenerationBatchResult
 
 
-class MineDraftWorker(BaseSpecWorker):
+class MineDraftWorker(TargetWrappingWorker):
     """Wraps the target worker; the draft model runs in the draft-server process."""
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
-        super().__init__()
+        super().__init__(server_args, target_worker)
         self.settings = load_settings(
             SpecConfig.from_env(), LaunchArgs.from_server_args(server_args)
         )
-        self.server_args = server_args
-        self._target_worker = target_worker
-        self.model_runner = target_worker.model_runner
-        self.device = target_worker.device
         self.width = self.settings.width
         self.vocab_size = int(self.model_runner.model_config.vocab_size)
         self.manager = BatchManager(self.settings.policy)
         self.stats = MineDraftStats()
-        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self._drafts: dict[str, tuple[int, np.ndarray]] = {}  # rid -> (seq len, draft ids)
         # SpecBlock drafter: the target's features, one row per target KV location.
         self.feature_index = (
@@ -126,35 +116,18 @@ class MineDraftWorker(BaseSpecWorker):
             self.settings.num_steps,
             self.settings.policy,
         )
-        # Read by SGLang's speculative infrastructure.
-        self.speculative_num_steps = self.settings.num_steps
-        self.speculative_num_draft_tokens = self.width
-        self.topk = 1
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        if name == "_target_worker":
-            raise AttributeError(name)
-        return getattr(self._target_worker, name)
-
-    @property
-    def draft_worker(self):  # noqa: ANN201
-        return None
+        self.set_verify_shape(self.settings.num_steps, self.width)
 
     def _capture_features(self) -> torch.Tensor:
-        """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does
-        (``SpecBlockWorker._capture_target_features``); returns the column index of the
-        features in SGLang's captured hidden states."""
+        """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does;
+        returns the column index of the features in SGLang's captured hidden states."""
         from sgl_spec.specblock.settings import check_target_fit, read_drafter_config
 
         config = read_drafter_config(self.settings.draft_model_path)
         check_target_fit(
             config, self.model_runner.model_config.hf_config, self.settings.draft_model_path
         )
-        unique = sorted(set(config.aux_layer_ids))
-        self.model_runner.model.set_eagle3_layers_to_capture(unique)
-        d = config.target_hidden_size
-        index = [unique.index(i) * d + j for i in config.aux_layer_ids for j in range(d)]
-        return torch.tensor(index, dtype=torch.long, device=self.device)
+        return self.capture_layer_outputs(config.aux_layer_ids, config.target_hidden_size)
 
     @property
     def feature_pool(self) -> torch.Tensor:
@@ -382,37 +355,14 @@ class MineDraftWorker(BaseSpecWorker):
                 for token in drafts[1].tolist():
                     parent = tree.add(int(token), parent, 0.0)
             trees.append(tree)
-        packed = pack_trees(trees, seq_lens, self.width, int(self._mask_mode()))
-        dev = self.device
-        sub.spec_info = IrregularTreeVerifyInput(
-            draft_token=packed.draft_tokens.to(dev),
-            custom_mask=packed.custom_mask.to(dev),
-            positions=packed.positions.to(dev),
-            retrieve_index=packed.retrieve_index.to(dev),
-            retrieve_next_token=packed.retrieve_next_token.to(dev),
-            retrieve_next_sibling=packed.retrieve_next_sibling.to(dev),
-            retrieve_cum_len=None,
-            spec_steps=self.settings.num_steps,
-            topk=-1,
-            draft_token_num=self.width,
-            capture_hidden_mode=(
-                CaptureHiddenMode.NULL if self.feature_index is None else CaptureHiddenMode.FULL
-            ),
-            seq_lens_sum=None,
-            seq_lens_cpu=None,
-        )
-        result = run_eagle_verify(
+        result, _ = verify_trees(
+            self,
             sub,
-            target_worker=self._target_worker,
-            req_to_token_pool=self.model_runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            plan_stream=None,
-            plan_stream_ctx=contextlib.nullcontext(),
-            topk=_TREE_VERIFY_TOPK,
-            num_draft_tokens=self.width,
-            device=dev,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
+            trees,
+            seq_lens,
+            self.width,
+            self.settings.num_steps,
+            capture_hidden=self.feature_index is not None,
         )
         if self.feature_index is not None:
             # The accepted path (root + accepted drafts) is compacted to the front of each
@@ -428,10 +378,6 @@ class MineDraftWorker(BaseSpecWorker):
                 locs = req_to_token[pool_index, seq_lens[i] : seq_lens[i] + n]
                 self._store_features(locs, hidden[i * self.width : i * self.width + n])
         return result
-
-    def _mask_mode(self):  # noqa: ANN202
-        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
-        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
 
     def _merge(self, batch, phases: list[_Phase]) -> GenerationBatchResult:  # noqa: ANN001
         """One result in the batch's row order, as one verify of the whole batch returns it."""

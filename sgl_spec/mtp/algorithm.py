@@ -7,8 +7,8 @@ the largest k this server may use (the adapter's k_max under ``--mtp-k auto``).
 
 from __future__ import annotations
 
-from sgl_spec.algorithm import Algorithm
 from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
 from sgl_spec.mtp.settings import MtpSettings, load_settings
 

@@ -11,11 +11,12 @@ TARGET_VERIFY mode (the same path EAGLE's tree verify uses).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+from sgl_spec.common.draft_input import CarriedDraftInput
 
 
 def pad_drafts(drafts: torch.Tensor, width: int) -> torch.Tensor:
@@ -28,24 +29,9 @@ def pad_drafts(drafts: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @dataclass
-class MtpDraftInput(SpecInput):
-    bonus_tokens: torch.Tensor  # [bs] last verified token, not yet in the KV cache
+class MtpDraftInput(CarriedDraftInput):
     drafts: torch.Tensor  # [bs, num_drafts] proposals for the tokens after the bonus
-    new_seq_lens: torch.Tensor  # [bs] committed KV length
     num_real: torch.Tensor  # [bs] how many of the drafts came from masks (the rest: padding)
-
-    # Read by SGLang's generic relay/scheduler code on any draft input.
-    topk_p: ClassVar[torch.Tensor | None] = None
-    topk_index: ClassVar[torch.Tensor | None] = None
-    hidden_states: ClassVar[torch.Tensor | None] = None
-    future_indices: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        # UNO_STATE: "carried state, not a forward input"; no code outside UNO's own files
-        # branches on it, and plugins cannot add enum members.
-        super().__init__(SpecInputType.UNO_STATE)
-        self.num_tokens_per_req = 1
-        self.num_tokens_for_logprob_per_req = 1
 
     @property
     def num_drafts(self) -> int:
@@ -59,22 +45,12 @@ class MtpDraftInput(SpecInput):
         num_real = torch.zeros(bonus.shape[0], dtype=torch.int64, device=bonus.device)
         return cls(bonus_tokens=bonus, drafts=drafts, new_seq_lens=seq_lens, num_real=num_real)
 
-    def filter_batch(
-        self, new_indices: torch.Tensor, new_indices_cpu: list[int] | None = None
-    ) -> None:
-        self.bonus_tokens = self.bonus_tokens[new_indices]
-        self.drafts = self.drafts[new_indices]
-        self.new_seq_lens = self.new_seq_lens[new_indices]
-        self.num_real = self.num_real[new_indices]
-
-    def merge_batch(self, other: MtpDraftInput) -> None:
-        if not isinstance(other, MtpDraftInput):
-            raise TypeError(f"cannot merge MtpDraftInput with {type(other).__name__}")
-        width = max(self.num_drafts, other.num_drafts)
-        self.bonus_tokens = torch.cat((self.bonus_tokens, other.bonus_tokens))
-        self.drafts = torch.cat((pad_drafts(self.drafts, width), pad_drafts(other.drafts, width)))
-        self.new_seq_lens = torch.cat((self.new_seq_lens, other.new_seq_lens))
-        self.num_real = torch.cat((self.num_real, other.num_real))
+    def merged(self, name: str, mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+        """Drafts of different widths are padded to the wider (padding is never accepted)."""
+        if name == "drafts":
+            width = max(mine.shape[1], theirs.shape[1])
+            mine, theirs = pad_drafts(mine, width), pad_drafts(theirs, width)
+        return torch.cat((mine, theirs))
 
 
 @dataclass

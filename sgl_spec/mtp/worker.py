@@ -28,8 +28,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 from sglang.srt.speculative import eagle_utils
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.mtp import layout as mtp_layout_mod
 from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
 from sgl_spec.mtp.sglang_lora import GatedLoRA, install_gated_lora
@@ -73,19 +73,14 @@ class MtpStats:
         )
 
 
-class MtpLoraWorker(BaseSpecWorker):
+class MtpLoraWorker(TargetWrappingWorker):
     """Single-model speculative worker; the target's own runner and KV pool do everything."""
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
-        super().__init__()
+        super().__init__(server_args, target_worker)
         from sgl_spec.config import SpecConfig
         from sgl_spec.mtp.settings import load_settings
 
-        self.server_args = server_args
-        self._target_worker = target_worker
-        self._draft_worker = None
-        self.model_runner = target_worker.model_runner
-        self.device = target_worker.device
         settings = load_settings(SpecConfig.from_env())
         self.lora: GatedLoRA = install_gated_lora(
             self.model_runner.model,
@@ -98,25 +93,11 @@ class MtpLoraWorker(BaseSpecWorker):
         self.fixed_k = settings.fixed_k
         self.controller = settings.controller
         self.mask_token_ids = torch.tensor(settings.mask_token_ids, device=self.device)
-        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self._layouts: dict[int, tuple] = {}
         self.stats = MtpStats()
         trace = os.environ.get(TRACE_ENV)
         self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
-        # Read by SGLang's speculative infrastructure.
-        self.speculative_num_steps = self.k_max
-        self.speculative_num_draft_tokens = (self.k_max + 1) ** 2
-        self.topk = 1
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        # Scheduler-facing methods this wrapper lacks belong to the target worker.
-        if name == "_target_worker":
-            raise AttributeError(name)
-        return getattr(self._target_worker, name)
-
-    @property
-    def draft_worker(self):  # noqa: ANN201
-        return None
+        self.set_verify_shape(self.k_max, (self.k_max + 1) ** 2)
 
     def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
         if batch.forward_mode.is_extend():
@@ -176,7 +157,7 @@ class MtpLoraWorker(BaseSpecWorker):
         slots = seq_lens[:, None] + torch.arange(width, device=self.device)[None, :]
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64)[:, None], slots]
-        custom_mask = mtp_layout_mod.tree_mask(lay, bs, int(self._mask_mode()), seq_lens=seq_lens)
+        custom_mask = mtp_layout_mod.tree_mask(lay, bs, int(self.mask_mode()), seq_lens=seq_lens)
         forward_batch = self._make_forward_batch(
             batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
         )
@@ -260,10 +241,6 @@ class MtpLoraWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
             can_run_cuda_graph=out.can_run_cuda_graph,
         )
-
-    def _mask_mode(self):  # noqa: ANN202
-        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
-        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
 
     def _make_forward_batch(
         self,

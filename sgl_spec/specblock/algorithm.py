@@ -8,8 +8,8 @@ budget) and its verify buffers from the tree width (``--specblock-max-nodes``).
 
 from __future__ import annotations
 
-from sgl_spec.algorithm import Algorithm
 from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
 from sgl_spec.specblock.settings import SpecBlockSettings, check_model_dir, load_settings
 

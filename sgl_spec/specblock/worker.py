@@ -17,17 +17,15 @@ root alone (plain decoding) and is logged.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative import eagle_utils
-from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 
+from sgl_spec.common.tree_verify import verify_trees
+from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt_serving import OnlineAdapter
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
@@ -36,35 +34,26 @@ from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import CheckpointError, SpecBlockDrafter
 from sgl_spec.specblock.settings import check_target_fit, load_settings
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.verify.info import IrregularTreeVerifyInput
-from sgl_spec.verify.packing import accepted_path, pack_trees
+from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_STEPS = 50
 EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
-# run_eagle_verify compacts the accepted path (KV, hidden states) to the front only for
-# topk > 1; our trees are irregular, any value > 1 selects that path.
-_TREE_VERIFY_TOPK = 2
 
 
-class SpecBlockWorker(BaseSpecWorker):
+class SpecBlockWorker(TargetWrappingWorker):
     """Wraps the target worker; the drafter and its KV pool live here."""
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
-        super().__init__()
+        super().__init__(server_args, target_worker)
         settings = load_settings(SpecConfig.from_env())
-        self.server_args = server_args
-        self._target_worker = target_worker
-        self._draft_worker = None
-        self.model_runner = target_worker.model_runner
-        self.device = target_worker.device
         self.settings = settings
         self.draft_settings = settings.draft
         self.block_size = settings.block_size
         self.drafter = self._load_drafter(settings.drafter_path)
         cfg = self.drafter.config
-        self.feature_index = self._capture_target_features(cfg.aux_layer_ids)
+        self.feature_index = self.capture_layer_outputs(cfg.aux_layer_ids, cfg.target_hidden_size)
         self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
         logger.info(
             "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, rank head %s,"
@@ -77,27 +66,13 @@ class SpecBlockWorker(BaseSpecWorker):
             "on" if self.draft_settings.use_rank_head else "off",
             self.draft_settings.max_nodes,
         )
-        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.stats = SpecBlockStats(settings.max_depth)
         self.adapter = (
             None if settings.adapt is None else OnlineAdapter(self.drafter, settings.adapt)
         )
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
-        # Read by SGLang's speculative infrastructure.
-        self.speculative_num_steps = settings.verify_depth
-        self.speculative_num_draft_tokens = self.draft_settings.max_nodes
-        self.topk = 1
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        # Scheduler-facing methods this wrapper lacks belong to the target worker.
-        if name == "_target_worker":
-            raise AttributeError(name)
-        return getattr(self._target_worker, name)
-
-    @property
-    def draft_worker(self):  # noqa: ANN201
-        return None
+        self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -126,15 +101,6 @@ class SpecBlockWorker(BaseSpecWorker):
             raise ValueError(f"--specblock-drafter-path: {exc}") from exc
         check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
         return drafter.to(device=self.device, dtype=self.model_runner.dtype).eval()
-
-    def _capture_target_features(self, layer_ids: tuple[int, ...]) -> torch.Tensor:
-        """Ask the target for the outputs of ``layer_ids`` as EAGLE-3 does; SGLang captures
-        each layer once, in layer order, so repeated ids are re-expanded here."""
-        unique = sorted(set(layer_ids))
-        self.model_runner.model.set_eagle3_layers_to_capture(unique)
-        d = self.drafter.config.target_hidden_size
-        index = [unique.index(i) * d + j for i in layer_ids for j in range(d)]
-        return torch.tensor(index, dtype=torch.long, device=self.device)
 
     def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
         return hidden_states.index_select(-1, self.feature_index).to(self.model_runner.dtype)
@@ -270,35 +236,15 @@ class SpecBlockWorker(BaseSpecWorker):
         drafted = self._draft(reqs, seq_lens, state, roots)
         draft_s = time.perf_counter() - tic
         width = self.draft_settings.max_nodes
-        packed = pack_trees(drafted.trees, seq_lens_list, width, int(self._mask_mode()))
         dev = self.device
-        batch.spec_info = IrregularTreeVerifyInput(
-            draft_token=packed.draft_tokens.to(dev),
-            custom_mask=packed.custom_mask.to(dev),
-            positions=packed.positions.to(dev),
-            retrieve_index=packed.retrieve_index.to(dev),
-            retrieve_next_token=packed.retrieve_next_token.to(dev),
-            retrieve_next_sibling=packed.retrieve_next_sibling.to(dev),
-            retrieve_cum_len=None,
-            spec_steps=self.settings.verify_depth,
-            topk=-1,
-            draft_token_num=width,
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-            seq_lens_sum=None,
-            seq_lens_cpu=None,
-        )
-        result = run_eagle_verify(
+        result, packed = verify_trees(
+            self,
             batch,
-            target_worker=self._target_worker,
-            req_to_token_pool=self.model_runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            plan_stream=None,
-            plan_stream_ctx=contextlib.nullcontext(),
-            topk=_TREE_VERIFY_TOPK,
-            num_draft_tokens=width,
-            device=dev,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
+            drafted.trees,
+            seq_lens_list,
+            width,
+            self.settings.verify_depth,
+            capture_hidden=True,
         )
         accept_lens = result.accept_lens.to(torch.long)  # accepted drafts + 1 (root included)
         hidden = result.logits_output.hidden_states  # accepted path compacted to the front
@@ -370,10 +316,6 @@ class SpecBlockWorker(BaseSpecWorker):
         except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
             logger.exception("SPECBLOCK: drafting failed; verifying without drafts this step")
             return DraftResult([DraftTree.rooted_at(t) for t in roots], 0)
-
-    def _mask_mode(self):  # noqa: ANN202
-        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
-        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
 
     def _observe(
         self,

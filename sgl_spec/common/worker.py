@@ -1,0 +1,56 @@
+"""The base of our speculative workers: SGLang's scheduler talks to it as to a target worker.
+
+SGLang builds the worker around its target worker (``(server_args, gpu_id, nccl_port,
+target_worker)``). Every scheduler-facing method we do not implement is the target worker's;
+there is no SGLang draft worker (drafts come from the target's gated LoRA, a drafter held here,
+or a draft-server process).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from sglang.srt.speculative import eagle_utils
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+
+class TargetWrappingWorker(BaseSpecWorker):
+    def __init__(self, server_args: Any, target_worker: Any) -> None:
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = target_worker.device
+        self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
+
+    def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
+        """What SGLang's speculative infrastructure reads off the worker: the deepest accepted
+        path and the verify width per request (``Algorithm.verify_shape``); top-k 1."""
+        self.speculative_num_steps = num_steps
+        self.speculative_num_draft_tokens = num_draft_tokens
+        self.topk = 1
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_target_worker":  # not set yet: no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self._target_worker, name)
+
+    @property
+    def draft_worker(self) -> None:
+        return None
+
+    def mask_mode(self) -> Any:
+        """The tree-mask layout the attention backend reads (``TreeMaskMode``)."""
+        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
+        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
+
+    def capture_layer_outputs(self, layer_ids: tuple[int, ...], width: int) -> torch.Tensor:
+        """Ask the target for the outputs of ``layer_ids`` (hidden size ``width``) as EAGLE-3
+        does; SGLang captures each layer once, in layer order, so repeated ids are re-expanded
+        by the returned column index into the captured hidden states."""
+        unique = sorted(set(layer_ids))
+        self.model_runner.model.set_eagle3_layers_to_capture(unique)
+        index = [unique.index(i) * width + j for i in layer_ids for j in range(width)]
+        return torch.tensor(index, dtype=torch.long, device=self.device)

@@ -1,4 +1,4 @@
-"""sgl_spec.controller: equation 1, the τ table, and the k chosen from τ and acceptance."""
+"""sgl_spec.mtp.controller: equation 1, the τ table, and the k chosen from τ and acceptance."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sgl_spec.controller import (
+from sgl_spec.mtp.controller import (
     ControllerConfig,
     DrafterCost,
     GammaTable,

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gamma_tolerance as bench  # noqa: E402
 
-from sgl_spec.controller import (  # noqa: E402
+from sgl_spec.mtp.controller import (  # noqa: E402
     ControllerConfig,
     GammaTable,
     MTPGatedLoRACost,

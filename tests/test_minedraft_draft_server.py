@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_spec.messages import DraftEntry, DraftRequest, DraftResult, Hello
 from sgl_spec.minedraft.client import DraftServerClient, DraftServerError
 from sgl_spec.minedraft.draft_server import (
     CHECK_KV_ENV,
@@ -27,6 +26,7 @@ from sgl_spec.minedraft.draft_server import (
     cpu_core_set,
     parse_device,
 )
+from sgl_spec.minedraft.messages import DraftEntry, DraftRequest, DraftResult, Hello
 from sgl_spec.models.registry import resolve_model_path
 
 DRAFT = "sgl-spec/tiny-code-draft"

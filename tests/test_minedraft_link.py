@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from sgl_spec.messages import DraftOutput, DraftResult, ErrorReport
 from sgl_spec.minedraft import link as link_module
 from sgl_spec.minedraft.client import DraftServerError
 from sgl_spec.minedraft.link import DraftJob, DraftLink
+from sgl_spec.minedraft.messages import DraftOutput, DraftResult, ErrorReport
 
 
 class FakeClient:

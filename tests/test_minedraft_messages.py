@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from sgl_spec import messages as M
-from sgl_spec.messages import (
+from sgl_spec.minedraft import messages as M
+from sgl_spec.minedraft.messages import (
     PROTOCOL_VERSION,
     DraftEntry,
     DraftOutput,

@@ -10,9 +10,9 @@ import pytest
 import torch
 from tiny_models import SPECBLOCK_V, specblock_drafter
 
-from sgl_spec.messages import DraftEntry, Hello, MessageError, decode, encode
 from sgl_spec.minedraft import specblock_host
 from sgl_spec.minedraft.draft_model import DraftStateError
+from sgl_spec.minedraft.messages import DraftEntry, Hello, MessageError, decode, encode
 from sgl_spec.minedraft.specblock_host import SpecBlockChainModel
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix, grow_trees
 from sgl_spec.verify.packing import context_visibility
@@ -141,7 +141,7 @@ def test_entry_features_travel_and_are_checked() -> None:
     rows = np.arange(12, dtype=np.float32).reshape(3, 4)
     entry = DraftEntry("r", np.array([1, 2, 3], np.int32), 9, features=rows)
     hello = Hello("d", "cpu:1", 3, 4, 1, 8, drafter="specblock")
-    from sgl_spec.messages import DraftRequest
+    from sgl_spec.minedraft.messages import DraftRequest
 
     back = decode(encode(DraftRequest(1, 0, (entry,))))
     assert np.array_equal(back.entries[0].features, rows)

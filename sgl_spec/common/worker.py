@@ -16,6 +16,9 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 
 class TargetWrappingWorker(BaseSpecWorker):
+    # The algorithm's name, for errors.
+    name: str = "?"
+
     def __init__(self, server_args: Any, target_worker: Any) -> None:
         super().__init__()
         self.server_args = server_args
@@ -31,6 +34,23 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.speculative_num_steps = num_steps
         self.speculative_num_draft_tokens = num_draft_tokens
         self.topk = 1
+
+    def forward_batch_generation(self, batch: Any, **kwargs: Any) -> Any:
+        """SGLang's entry point: a prefill (EXTEND) or a speculative decode step (DECODE)."""
+        del kwargs
+        if batch.forward_mode.is_extend():
+            return self.forward_prefill(batch)
+        if batch.forward_mode.is_decode():
+            return self.forward_decode(batch)
+        raise RuntimeError(
+            f"{self.name} expected an EXTEND or DECODE batch, got {batch.forward_mode}"
+        )
+
+    def forward_prefill(self, batch: Any) -> Any:
+        raise NotImplementedError
+
+    def forward_decode(self, batch: Any) -> Any:
+        raise NotImplementedError
 
     def __getattr__(self, name: str) -> Any:
         if name == "_target_worker":  # not set yet: no recursion through __getattr__

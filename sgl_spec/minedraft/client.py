@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sgl_spec.messages import (
+from sgl_spec.minedraft.messages import (
     PROTOCOL_VERSION,
     DraftRequest,
     DraftResult,

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sgl_spec.messages import (
+from sgl_spec.minedraft.messages import (
     DraftEntry,
     DraftOutput,
     DraftRequest,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgl_spec.messages import DraftEntry, DraftRequest
+from sgl_spec.minedraft.messages import DraftEntry, DraftRequest
 
 logger = logging.getLogger(__name__)
 RESTART_BACKOFF_S = (1.0, 5.0, 15.0, 30.0)

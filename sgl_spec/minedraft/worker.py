@@ -49,11 +49,11 @@ from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.config import SpecConfig
-from sgl_spec.messages import Hello
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
 from sgl_spec.minedraft.client import DraftServerClient
 from sgl_spec.minedraft.info import MineDraftDraftInput
 from sgl_spec.minedraft.link import DraftJob, DraftLink
+from sgl_spec.minedraft.messages import Hello
 from sgl_spec.minedraft.settings import load_settings
 from sgl_spec.minedraft.stats import MineDraftStats
 from sgl_spec.verify.tree import DraftTree
@@ -69,6 +69,8 @@ class _Phase:
 
 class MineDraftWorker(TargetWrappingWorker):
     """Wraps the target worker; the draft model runs in the draft-server process."""
+
+    name = "MINEDRAFT"
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__(server_args, target_worker)
@@ -180,16 +182,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- entry point -------------------------------------------------------------------------
 
-    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
-        if batch.forward_mode.is_extend():
-            return self._forward_prefill(batch)
-        if batch.forward_mode.is_decode():
-            return self._forward_decode(batch)
-        raise RuntimeError(
-            f"MINEDRAFT expected an EXTEND or DECODE batch, got {batch.forward_mode}"
-        )
-
-    def _forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         if self.feature_index is None:
             result = self._target_worker.forward_batch_generation(batch)
         else:
@@ -209,7 +202,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- decode: two phases ------------------------------------------------------------------
 
-    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         rids = [req.rid for req in batch.reqs]
         self._sync_membership(rids)
         for rid in self.manager.rebalance():

@@ -18,7 +18,7 @@ class MtpSettings:
     k_max: int  # the adapter's trained mask count
     fixed_k: int  # drafts per step when the controller is off
     mask_token_ids: list[int]
-    controller: Any | None  # sgl_spec.controller.SpeculationController when --mtp-k auto
+    controller: Any | None  # sgl_spec.mtp.controller.SpeculationController when --mtp-k auto
 
     @property
     def max_k(self) -> int:
@@ -70,7 +70,7 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
     return tuple(min(max(a, 0.0), 1.0) for a in conditional)
 
 
-# Online calibration (sgl_spec/controller.py): T(k) counts as measured after this many served
+# Online calibration (sgl_spec/mtp/controller.py): T(k) counts as measured after this many served
 # steps; probes last two steps so that the second verifies real drafts and updates α. A probe
 # or a switch back on costs a step without drafts, hence rare probes and a margin to switch on.
 CALIBRATE_STEPS = 3
@@ -84,7 +84,7 @@ SWITCH_ON_MARGIN = 0.10
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
-    from sgl_spec.controller import (
+    from sgl_spec.mtp.controller import (
         ControllerConfig,
         GammaTable,
         MTPGatedLoRACost,

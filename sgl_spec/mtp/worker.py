@@ -76,6 +76,8 @@ class MtpStats:
 class MtpLoraWorker(TargetWrappingWorker):
     """Single-model speculative worker; the target's own runner and KV pool do everything."""
 
+    name = "MTP_LORA"
+
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__(server_args, target_worker)
         from sgl_spec.config import SpecConfig
@@ -99,18 +101,14 @@ class MtpLoraWorker(TargetWrappingWorker):
         self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
         self.set_verify_shape(self.k_max, (self.k_max + 1) ** 2)
 
-    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
-        if batch.forward_mode.is_extend():
-            result = self._target_worker.forward_batch_generation(batch)
-            result.new_seq_lens = batch.seq_lens
-            if isinstance(result.next_token_ids, torch.Tensor):
-                result.next_draft_input = MtpDraftInput.after_prefill(
-                    result.next_token_ids, batch.seq_lens
-                )
-            return result
-        if batch.forward_mode.is_decode():
-            return self._forward_decode(batch)
-        raise RuntimeError(f"MTP_LORA expected an EXTEND or DECODE batch, got {batch.forward_mode}")
+    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+        result = self._target_worker.forward_batch_generation(batch)
+        result.new_seq_lens = batch.seq_lens
+        if isinstance(result.next_token_ids, torch.Tensor):
+            result.next_draft_input = MtpDraftInput.after_prefill(
+                result.next_token_ids, batch.seq_lens
+            )
+        return result
 
     # ---- decode step -------------------------------------------------------------------------
 
@@ -138,7 +136,7 @@ class MtpLoraWorker(TargetWrappingWorker):
             )
         return self._layouts[k]
 
-    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         # The controller compares whole steps: input layout, mask and batch construction differ
         # between k = 0 and k > 0 as much as the forward does.
         tic = time.perf_counter()

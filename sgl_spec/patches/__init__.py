@@ -15,24 +15,21 @@ from sgl_spec.config import SpecConfig
 logger = logging.getLogger(__name__)
 
 
-def all_patches() -> list:
-    from sgl_spec.patches import (
-        cpu_graph_fakes,
-        cpu_spec_sampling,
-        cuda_optional_kernels,
-        prompt_validation,
-        specblock_kv_budget,
-        standalone_full_context,
-    )
+# Every patch module, in the order they are applied.
+PATCHES = (
+    "cpu_graph_fakes",
+    "cpu_spec_sampling",
+    "cuda_optional_kernels",
+    "prompt_validation",
+    "specblock_kv_budget",
+    "standalone_full_context",
+)
 
-    return [
-        cpu_graph_fakes,
-        cpu_spec_sampling,
-        cuda_optional_kernels,
-        prompt_validation,
-        specblock_kv_budget,
-        standalone_full_context,
-    ]
+
+def all_patches() -> list:
+    import importlib
+
+    return [importlib.import_module(f"sgl_spec.patches.{name}") for name in PATCHES]
 
 
 def apply_patches(config: SpecConfig) -> list[str]:

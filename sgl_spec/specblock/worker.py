@@ -45,6 +45,8 @@ EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S
 class SpecBlockWorker(TargetWrappingWorker):
     """Wraps the target worker; the drafter and its KV pool live here."""
 
+    name = "SPECBLOCK"
+
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
         super().__init__(server_args, target_worker)
         settings = load_settings(SpecConfig.from_env())
@@ -107,18 +109,9 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     # ---- entry point -------------------------------------------------------------------------
 
-    def forward_batch_generation(self, batch, **kwargs) -> GenerationBatchResult:  # noqa: ANN001, ANN003
-        if batch.forward_mode.is_extend():
-            return self._forward_prefill(batch)
-        if batch.forward_mode.is_decode():
-            return self._forward_decode(batch)
-        raise RuntimeError(
-            f"SPECBLOCK expected an EXTEND or DECODE batch, got {batch.forward_mode}"
-        )
-
     # ---- prefill -----------------------------------------------------------------------------
 
-    def _forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         result = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL
         )
@@ -221,7 +214,7 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     # ---- decode step -------------------------------------------------------------------------
 
-    def _forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
         tic = time.perf_counter()
         if self.adapter is not None:
             try:  # step boundary: trained drafter weights may enter theta_inf here

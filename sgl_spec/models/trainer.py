@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,96 @@ def _save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def progress_bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
+    """A tqdm bar over the run's steps starting at ``initial`` (a resumed run), or None."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, mininterval=5.0)
+
+
+def stop_reached(done: int, stop_after: int | None) -> bool:
+    """Whether a time-sliced run (``stop_after``) ends after ``done`` steps."""
+    return stop_after is not None and done >= stop_after
+
+
+def checkpoint_due(done: int, steps: int, every: int, stopping: bool) -> bool:
+    """Checkpoint every ``every`` steps, at the last step and where a time-sliced run stops."""
+    return done % every == 0 or done == steps or stopping
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on norms and biases)."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def _resume(
+    checkpoint: Path | None, model: torch.nn.Module, opt: torch.optim.Optimizer, cfg: TrainConfig
+) -> tuple[int, list[float], float]:
+    """Restore the model and optimizer from ``checkpoint``; returns the step to continue from,
+    the losses so far and the training wall time already spent."""
+    if checkpoint is None or not checkpoint.is_file():
+        raise FileNotFoundError(f"--resume given but checkpoint {checkpoint} does not exist")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    check_resumable(TrainConfig(**{**asdict(cfg), **state["train_config"]}), cfg, state["step"])
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], list(state["losses"]), float(state.get("elapsed_s", 0.0))
+
+
+def _train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    stream: torch.Tensor,
+    cfg: TrainConfig,
+    loss_fn: LossFn,
+    step: int,
+) -> float:
+    """One optimizer step on the batch of ``step`` (a pure function of ``(seed, step)``)."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    inputs, labels = sample_batch(
+        stream, cfg.batch_size, cfg.seq_len, batch_generator(cfg.seed, step)
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
+        loss = loss_fn(model, inputs, labels)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def _checkpoint_state(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    done: int,
+    losses: list[float],
+    cfg: TrainConfig,
+    elapsed_s: float,
+) -> dict:
+    """What ``_resume`` restores: model, optimizer, step, losses, config and training time."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": done,
+        "losses": losses,
+        "train_config": asdict(cfg),
+        "elapsed_s": elapsed_s,
+    }
+
+
 def train(
     model: torch.nn.Module,
     stream: torch.Tensor,  # [num_tokens]
@@ -135,65 +226,24 @@ def train(
     With ``resume`` the model, optimizer, step and loss history are restored from ``checkpoint``;
     a checkpoint written with different hyper-parameters is refused rather than silently mixed.
     """
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=cfg.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    opt = _optimizer(model, cfg)
     losses: list[float] = []
     start, prior_elapsed = 0, 0.0
     if resume:
-        if checkpoint is None or not checkpoint.is_file():
-            raise FileNotFoundError(f"--resume given but checkpoint {checkpoint} does not exist")
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-        check_resumable(TrainConfig(**{**asdict(cfg), **state["train_config"]}), cfg, state["step"])
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        start, losses = state["step"], list(state["losses"])
-        prior_elapsed = float(state.get("elapsed_s", 0.0))
+        start, losses, prior_elapsed = _resume(checkpoint, model, opt, cfg)
     model.train()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="train", mininterval=5.0)
+    bar = progress_bar(progress, cfg.steps, start, "train")
     t0 = time.time()
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        inputs, labels = sample_batch(
-            stream, cfg.batch_size, cfg.seq_len, batch_generator(cfg.seed, step)
-        )
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            loss = loss_fn(model, inputs, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        losses.append(_train_step(model, opt, stream, cfg, loss_fn, step))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(step, cfg):.2e}", refresh=False)
         done = step + 1
-        stopping = stop_after is not None and done >= stop_after
-        if checkpoint is not None and (
-            done % checkpoint_every == 0 or done == cfg.steps or stopping
-        ):
-            state = {
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": done,
-                "losses": losses,
-                "train_config": asdict(cfg),
-                "elapsed_s": prior_elapsed + time.time() - t0,
-            }
-            _save_checkpoint(checkpoint, state)
+        stopping = stop_reached(done, stop_after)
+        if checkpoint is not None and checkpoint_due(done, cfg.steps, checkpoint_every, stopping):
+            elapsed = prior_elapsed + time.time() - t0
+            _save_checkpoint(checkpoint, _checkpoint_state(model, opt, done, losses, cfg, elapsed))
         if stopping:
             break
     if bar is not None:

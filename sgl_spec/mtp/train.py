@@ -51,15 +51,30 @@ def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, .
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log (also written to the card)."""
     from sgl_spec.mtp.card import write_card
-    from sgl_spec.mtp.evaluate import mask_agreement
 
     t_start = time.time()
     target = cli.load_frozen_target(args.target)
-    model = target.model
     mask_ids = _mask_token_ids(target.tokenizer, args.k_max, args.mask_token_ids)
     data = cli.load_greedy_splits(target, args, args.work)
-    train_data, eval_data, gen_wall = data.train, data.eval, data.gen_wall_s
+    adapter = new_adapter(args, target, mask_ids)
+    cfg = train_config(args)
+    log = train_and_save(args, target.model, adapter, data.train, cfg)
+    held_out, metrics = cli.held_out_metrics(
+        lambda: stored_agreement(args.out, target.model, data.eval, args.prompt_len - 1, mask_ids),
+        held_out_summary,
+    )
+    record = training_record(args, cfg, data, adapter, target.model, log, t_start)
+    message = (
+        f"mtp adapter saved to {args.out}: held-out mask_correct {held_out['mask_correct']}, "
+        f"prefix_correct {held_out['prefix_correct']} (command {record['command_wall_s'] / 60:.1f} min)"
+    )
+    return cli.write_card_and_report(args.out, record, metrics, write_card, message)
 
+
+def new_adapter(
+    args: argparse.Namespace, target: cli.FrozenTarget, mask_ids: tuple[int, ...]
+) -> MtpAdapter:
+    """A freshly initialised adapter of the CLI's shape for ``target`` (init from ``--seed``)."""
     config = MtpAdapterConfig(
         rank=args.rank,
         alpha=args.alpha,
@@ -67,11 +82,17 @@ def run(args: argparse.Namespace) -> dict:
         base_model=target.name,
         mask_token_ids=mask_ids,
     )
+    model = target.model
     adapter = MtpAdapter(config, BaseDims.from_hf_config(model.config))
     adapter.reset_parameters(
         model.get_input_embeddings().weight, torch.Generator().manual_seed(args.seed)
     )
-    cfg = MtpTrainConfig(
+    return adapter
+
+
+def train_config(args: argparse.Namespace) -> MtpTrainConfig:
+    """The optimisation config of the CLI flags (anchors start at the last prompt token)."""
+    return MtpTrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
         anchors_per_seq=args.anchors_per_seq,
@@ -81,6 +102,18 @@ def run(args: argparse.Namespace) -> dict:
         seed=args.seed,
         bf16_autocast=not args.fp32,
     )
+
+
+def train_and_save(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    adapter: MtpAdapter,
+    train_data: torch.Tensor,
+    cfg: MtpTrainConfig,
+) -> dict:
+    """Train ``adapter`` on the frozen ``model`` (resumable, see ``cli.run_options``) and store it
+    in ``--out``; returns the training log."""
+    mask_ids = adapter.config.mask_token_ids
     print(
         f"mtp: {adapter.num_parameters() / 1e6:.3f}M adapter params, {train_data.shape[0]} train "
         f"sequences of {train_data.shape[1]} tokens, mask tokens {list(mask_ids)}",
@@ -98,41 +131,53 @@ def run(args: argparse.Namespace) -> dict:
         )
     meta = {"command": cli.reproduce_command(PROG, args), "train_config": cfg.__dict__}
     save_adapter(
-        args.out, adapter, config, meta, storage_dtype=cli.STORAGE_DTYPES[args.storage_dtype]
+        args.out,
+        adapter,
+        adapter.config,
+        meta,
+        storage_dtype=cli.STORAGE_DTYPES[args.storage_dtype],
     )
+    return log
 
-    t_eval = time.time()
-    stored, _ = load_adapter(args.out, model.config)
+
+def stored_agreement(
+    out: Path,
+    model: torch.nn.Module,
+    eval_data: torch.Tensor,
+    first_anchor: int,
+    mask_ids: tuple[int, ...],
+) -> dict:
+    """The held-out mask agreement of the adapter as stored in ``out`` (its storage dtype)."""
+    from sgl_spec.mtp.evaluate import mask_agreement
+
+    stored, _ = load_adapter(out, model.config)
     with attach_to_hf_model(model, stored) as handle:
-        held_out = mask_agreement(model, handle, eval_data, args.prompt_len - 1, mask_ids)
-    metrics = held_out_summary(held_out, time.time() - t_eval)
-    log = {
-        "name": args.name or cli.default_name(args, "mtp"),
-        "command": cli.reproduce_command(PROG, args),
-        "threads": args.threads,
+        return mask_agreement(model, handle, eval_data, first_anchor, mask_ids)
+
+
+def training_record(
+    args: argparse.Namespace,
+    cfg: MtpTrainConfig,
+    data: cli.GreedySplits,
+    adapter: MtpAdapter,
+    model: torch.nn.Module,
+    log: dict,
+    t_start: float,
+) -> dict:
+    """``training.json``: the run, its data and the per-step training log."""
+    return {
+        "name": cli.card_name(args, "mtp"),
+        **cli.command_entries(PROG, args),
         "train_config": cfg.__dict__,
-        "data": {
-            "train": data.train_spec.__dict__,
-            "eval": data.eval_spec.__dict__,
-            "gen_wall_s": gen_wall,
-        },
+        "data": {**cli.split_entries(data), "gen_wall_s": data.gen_wall_s},
         "num_parameters": adapter.num_parameters(),
         "base_parameters": sum(p.numel() for p in model.parameters()),
-        "steps_done": len(log["losses"]),
-        "train_wall_s": round(log["elapsed_s"], 1),
-        "train_cpu_s": round(log["cpu_s"], 1),
+        **cli.training_time_entries(log),
         "command_wall_s": round(time.time() - t_start, 1),
-        "gen_wall_s": round(gen_wall, 1),
-        "losses": [round(x, 5) for x in log["losses"]],
+        "gen_wall_s": round(data.gen_wall_s, 1),
+        "losses": cli.rounded(log["losses"]),
         "losses_per_j": log["losses_per_j"],
     }
-    write_card(args.out, log, metrics)
-    print(
-        f"mtp adapter saved to {args.out}: held-out mask_correct {held_out['mask_correct']}, "
-        f"prefix_correct {held_out['prefix_correct']} (command {log['command_wall_s'] / 60:.1f} min)",
-        flush=True,
-    )
-    return {**log, "metrics": metrics}
 
 
 def held_out_summary(held_out: dict, eval_wall_s: float) -> dict:

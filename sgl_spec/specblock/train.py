@@ -44,24 +44,56 @@ def save_drafter(drafter: SpecBlockDrafter, out: Path, storage_dtype: torch.dtyp
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log with the held-out metrics."""
     from sgl_spec.specblock.card import write_card
-    from sgl_spec.specblock.evaluate import chain_acceptance
 
     t_start = time.time()
     frozen = cli.load_frozen_target(args.target)
     target = frozen.model
     data = cli.load_greedy_splits(frozen, args, args.greedy_cache)
-    train_data, eval_data, gen_wall = data.train, data.eval, data.gen_wall_s
+    drafter, coverage = new_drafter(args, target, data.train)
+    cfg = train_config(args)
+    log = train_and_save(args, drafter, target, data.train, cfg, coverage)
+    held_out, metrics = cli.held_out_metrics(
+        lambda: stored_chain_acceptance(args, target, data.eval), held_out_summary
+    )
+    record = training_record(args, frozen, data, coverage, drafter, cfg, log, t_start)
+    message = (
+        f"specblock drafter saved to {args.out}: held-out alpha {held_out['alpha']}, "
+        f"tau {held_out['tau']} (command {record['command_wall_s'] / 60:.1f} min)"
+    )
+    return cli.write_card_and_report(args.out, record, metrics, write_card, message)
 
+
+def trainable_parameters(drafter: SpecBlockDrafter) -> int:
+    """The drafter's trained parameter count (the frozen target embedding it holds excluded)."""
+    return sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+
+
+def new_drafter(
+    args: argparse.Namespace, target: torch.nn.Module, train_data: torch.Tensor
+) -> tuple[SpecBlockDrafter, float]:
+    """A freshly initialised drafter (``--seed``) over the reduced draft vocabulary of the label
+    tokens of ``train_data``; returns it with the share of label tokens that vocabulary covers."""
     d2t, coverage = draft_vocab(
         train_data, args.prompt_len, target.config.vocab_size, args.draft_vocab
     )
     drafter = build_drafter(target, d2t, seed=args.seed, **drafter_overrides(args))
-    cfg = train_config(args)
-    num_params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    return drafter, coverage
+
+
+def train_and_save(
+    args: argparse.Namespace,
+    drafter: SpecBlockDrafter,
+    target: torch.nn.Module,
+    train_data: torch.Tensor,
+    cfg: SpecBlockTrainConfig,
+    coverage: float,
+) -> dict:
+    """Train ``drafter`` on the frozen ``target`` (resumable, see ``cli.run_options``) and store
+    it in ``--out``; returns the training log."""
     print(
-        f"specblock: {num_params / 1e6:.3f}M trainable params, draft vocab {args.draft_vocab} "
-        f"covering {coverage:.2%} of label tokens, {train_data.shape[0]} train sequences of "
-        f"{train_data.shape[1]} tokens",
+        f"specblock: {trainable_parameters(drafter) / 1e6:.3f}M trainable params, draft vocab "
+        f"{args.draft_vocab} covering {coverage:.2%} of label tokens, {train_data.shape[0]} train "
+        f"sequences of {train_data.shape[1]} tokens",
         flush=True,
     )
     log = train_drafter(
@@ -72,48 +104,56 @@ def run(args: argparse.Namespace) -> dict:
         cli.run_options(args),
     )
     save_drafter(drafter, args.out, cli.STORAGE_DTYPES[args.storage_dtype])
+    return log
 
-    t_eval = time.time()
+
+def stored_chain_acceptance(
+    args: argparse.Namespace, target: torch.nn.Module, eval_data: torch.Tensor
+) -> dict:
+    """The held-out chain acceptance of the drafter as stored in ``--out`` (its storage dtype)."""
+    from sgl_spec.specblock.evaluate import chain_acceptance
+
     stored = SpecBlockDrafter.from_pretrained(args.out).eval()
-    held_out = chain_acceptance(
+    return chain_acceptance(
         stored, target, eval_data, args.prompt_len - 1, num_blocks=args.eval_blocks
     )
-    metrics = held_out_summary(held_out, time.time() - t_eval)
-    steps_done = len(log["losses"])
-    summary = {
-        "name": args.name or cli.default_name(args, "specblock"),
+
+
+def training_record(
+    args: argparse.Namespace,
+    frozen: cli.FrozenTarget,
+    data: cli.GreedySplits,
+    coverage: float,
+    drafter: SpecBlockDrafter,
+    cfg: SpecBlockTrainConfig,
+    log: dict,
+    t_start: float,
+) -> dict:
+    """``training.json``: the run, the drafter, its data and the per-step training log."""
+    times = cli.training_time_entries(log)
+    return {
+        "name": cli.card_name(args, "specblock"),
         "target": frozen.name,
-        "command": cli.reproduce_command(PROG, args),
-        "threads": args.threads,
+        **cli.command_entries(PROG, args),
         "train_config": asdict(cfg),
         "drafter_config": drafter.config.to_dict(),
         "storage_dtype": args.storage_dtype,
         "data": {
-            "train": asdict(data.train_spec),
-            "eval": asdict(data.eval_spec),
-            "gen_wall_s": round(gen_wall, 1),
+            **cli.split_entries(data),
+            "gen_wall_s": round(data.gen_wall_s, 1),
             "draft_vocab_coverage": round(coverage, 5),
         },
-        "num_parameters": num_params,
-        "target_parameters": sum(p.numel() for p in target.parameters()),
-        "steps_done": steps_done,
-        "train_wall_s": round(log["elapsed_s"], 1),
-        "train_cpu_s": round(log["cpu_s"], 1),
-        "s_per_step": round(log["elapsed_s"] / max(1, steps_done), 3),
+        "num_parameters": trainable_parameters(drafter),
+        "target_parameters": sum(p.numel() for p in frozen.model.parameters()),
+        **times,
+        "s_per_step": round(log["elapsed_s"] / max(1, times["steps_done"]), 3),
         "command_wall_s": round(time.time() - t_start, 1),
-        "losses": [round(x, 5) for x in log["losses"]],
-        "draft_losses": [round(x, 5) for x in log["draft_losses"]],
-        "rank_losses": [None if x is None else round(x, 5) for x in log["rank_losses"]],
+        "losses": cli.rounded(log["losses"]),
+        "draft_losses": cli.rounded(log["draft_losses"]),
+        "rank_losses": cli.rounded(log["rank_losses"]),
         "per_slot": log["per_slot"],
         "accepted": log["accepted"],
     }
-    write_card(args.out, summary, metrics)
-    print(
-        f"specblock drafter saved to {args.out}: held-out alpha {held_out['alpha']}, "
-        f"tau {held_out['tau']} (command {summary['command_wall_s'] / 60:.1f} min)",
-        flush=True,
-    )
-    return {**summary, "metrics": metrics}
 
 
 def drafter_overrides(args: argparse.Namespace) -> dict:

@@ -3,8 +3,10 @@
 
 Both train a small module on a frozen target's own greedy continuations, so they share the run's
 flags (same names, meanings and defaults unless a CLI passes its own), the frozen target, the
-train/eval greedy data, the card name, the reproduce command and where the resumable checkpoint
-lives. Each CLI adds its own flags in its own argument group and keeps its own ``run``.
+train/eval greedy data, the card name, the reproduce command, where the resumable checkpoint
+lives, the timed held-out evaluation of the stored module, the entries of ``training.json`` both
+write and the closing card-and-report step. Each CLI adds its own flags in its own argument group
+and keeps its own ``run``, which lays out its ``training.json`` from these entries.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import argparse
 import hashlib
 import shlex
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,11 @@ def default_name(args: argparse.Namespace, suffix: str) -> str:
     return f"{args.target}-{suffix}" if args.target.startswith(NAMESPACE) else args.out.name
 
 
+def card_name(args: argparse.Namespace, suffix: str) -> str:
+    """``--name``, else ``default_name``."""
+    return args.name or default_name(args, suffix)
+
+
 def checkpoint_path(work: Path, out: Path) -> Path:
     """One checkpoint per output directory (its name plus a hash of its absolute path), so runs
     into different directories never resume each other."""
@@ -145,3 +153,53 @@ def load_greedy_splits(
     train, gen_train_s = greedy_dataset(*common, train_spec, **kw)
     held_out, gen_eval_s = greedy_dataset(*common, eval_spec, **kw)
     return GreedySplits(train_spec, eval_spec, train, held_out, gen_train_s + gen_eval_s)
+
+
+def held_out_metrics(
+    evaluate: Callable[[], dict], summarize: Callable[[dict, float], dict]
+) -> tuple[dict, dict]:
+    """``evaluate()`` (loading the module as stored, then its held-out evaluation: the metrics
+    are of exactly the stored values) and ``summarize(record, eval_wall_s)``, the card's
+    ``metrics.json``; returns both."""
+    t_eval = time.time()
+    held_out = evaluate()
+    return held_out, summarize(held_out, time.time() - t_eval)
+
+
+def command_entries(prog: str, args: argparse.Namespace) -> dict:
+    """``training.json``'s ``command`` (the reproduce command) and ``threads``."""
+    return {"command": reproduce_command(prog, args), "threads": args.threads}
+
+
+def split_entries(data: GreedySplits) -> dict:
+    """The ``train`` and ``eval`` specs of ``training.json``'s ``data``."""
+    return {"train": asdict(data.train_spec), "eval": asdict(data.eval_spec)}
+
+
+def training_time_entries(log: dict) -> dict:
+    """``steps_done`` and the training's wall and CPU time (every resumed segment) of a
+    ``train_loop`` log."""
+    return {
+        "steps_done": len(log["losses"]),
+        "train_wall_s": round(log["elapsed_s"], 1),
+        "train_cpu_s": round(log["cpu_s"], 1),
+    }
+
+
+def rounded(values: Iterable[float | None]) -> list[float | None]:
+    """Per-step losses for ``training.json`` (5 decimals; None, a step without that loss, kept)."""
+    return [None if x is None else round(x, 5) for x in values]
+
+
+def write_card_and_report(
+    out: Path,
+    record: dict,
+    metrics: dict,
+    write_card: Callable[[Path, dict, dict], None],
+    message: str,
+) -> dict:
+    """The card into ``out`` (``write_card``: ``training.json``, ``metrics.json``, plot and
+    README), then ``message``; returns the record with the metrics, what ``main`` returns."""
+    write_card(out, record, metrics)
+    print(message, flush=True)
+    return {**record, "metrics": metrics}

@@ -26,7 +26,13 @@ from typing import Any, Protocol
 
 import torch
 
-from sgl_spec.models.trainer import check_resumable, lr_at
+from sgl_spec.models.trainer import (
+    check_resumable,
+    checkpoint_due,
+    lr_at,
+    progress_bar,
+    stop_reached,
+)
 
 StepFn = Callable[[int], tuple[torch.Tensor, dict[str, Any]]]
 """``step -> (loss, {log key: value of this step})``; the loop backpropagates the loss."""
@@ -79,6 +85,87 @@ def load_checkpoint(path: Path | None, cfg: LoopConfig) -> dict[str, Any]:
     return state
 
 
+def _resume(
+    checkpoint: Path | None,
+    cfg: LoopConfig,
+    opt: torch.optim.Optimizer,
+    restore_fn: Callable[[dict[str, Any]], None],
+) -> tuple[int, dict[str, Any]]:
+    """Restore the trained module (``restore_fn``) and the optimizer from ``checkpoint``;
+    returns the step to continue from and the log so far."""
+    state = load_checkpoint(checkpoint, cfg)
+    restore_fn(state)
+    opt.load_state_dict(state["optimizer"])
+    return state["step"], state["log"]
+
+
+def _segment_clock(log: dict[str, Any]) -> Callable[[], None]:
+    """A function that sets the log's ``elapsed_s`` and ``cpu_s``: the times of the earlier
+    (resumed) segments already in the log plus this segment's so far."""
+    t0, c0 = time.time(), time.process_time()
+    base_elapsed, base_cpu = log["elapsed_s"], log["cpu_s"]
+
+    def stamp() -> None:
+        log["elapsed_s"] = base_elapsed + time.time() - t0
+        log["cpu_s"] = base_cpu + time.process_time() - c0
+
+    return stamp
+
+
+def _optimizer_step(
+    step_fn: StepFn,
+    step: int,
+    opt: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    cfg: LoopConfig,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The LR of ``step``, ``step_fn``'s forward, backward, clipping and the optimizer step;
+    returns ``step_fn``'s loss and log values."""
+    for group in opt.param_groups:  # a group may scale the schedule (``lr_scale``)
+        group["lr"] = lr_at(step, cfg) * group.get("lr_scale", 1.0)  # type: ignore[arg-type]
+    loss, values = step_fn(step)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, values
+
+
+def _append(log: dict[str, Any], loss: torch.Tensor, values: dict[str, Any]) -> None:
+    """Add one step's loss and log values to the log."""
+    log["losses"].append(float(loss.detach()))
+    for key, value in values.items():
+        log[key].append(value)
+
+
+def _show(bar: Any, log: dict[str, Any], extra: dict[str, str]) -> None:
+    """Advance the progress bar by the step just logged."""
+    bar.update(1)
+    bar.set_postfix(loss=f"{log['losses'][-1]:.3f}", **extra, refresh=False)
+
+
+def _save(
+    checkpoint: Path,
+    state_fn: Callable[[], dict[str, Any]],
+    opt: torch.optim.Optimizer,
+    done: int,
+    log: dict[str, Any],
+    cfg: LoopConfig,
+) -> None:
+    """Checkpoint after ``done`` steps: the trained module's entries (``state_fn``), the
+    optimizer, the step, the log and the train config (``load_checkpoint`` checks it)."""
+    save_checkpoint(
+        checkpoint,
+        {
+            **state_fn(),
+            "optimizer": opt.state_dict(),
+            "step": done,
+            "log": log,
+            "train_config": asdict(cfg),  # type: ignore[call-overload]
+        },
+    )
+
+
 def train_loop(
     step_fn: StepFn,
     opt: torch.optim.Optimizer,
@@ -102,52 +189,24 @@ def train_loop(
     """
     options = options or RunOptions()
     params = list(params)
-    checkpoint, stop_after = options.checkpoint, options.stop_after
+    checkpoint = options.checkpoint
     log, start = new_log(log_keys), 0
     if options.resume:
-        state = load_checkpoint(checkpoint, cfg)
-        restore_fn(state)
-        opt.load_state_dict(state["optimizer"])
-        start, log = state["step"], state["log"]
-    bar = None
-    if options.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc=desc, mininterval=5.0)
-    t0, c0 = time.time(), time.process_time()
-    base_elapsed, base_cpu = log["elapsed_s"], log["cpu_s"]
+        start, log = _resume(checkpoint, cfg, opt, restore_fn)
+    bar = progress_bar(options.progress, cfg.steps, start, desc)
+    stamp_times = _segment_clock(log)
     for step in range(start, cfg.steps):
-        for group in opt.param_groups:  # a group may scale the schedule (``lr_scale``)
-            group["lr"] = lr_at(step, cfg) * group.get("lr_scale", 1.0)  # type: ignore[arg-type]
-        loss, values = step_fn(step)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        log["losses"].append(float(loss.detach()))
-        for key, value in values.items():
-            log[key].append(value)
-        log["elapsed_s"] = base_elapsed + time.time() - t0
-        log["cpu_s"] = base_cpu + time.process_time() - c0
+        loss, values = _optimizer_step(step_fn, step, opt, params, cfg)
+        _append(log, loss, values)
+        stamp_times()
         if bar is not None:
-            extra = {} if postfix is None else postfix(values)
-            bar.update(1)
-            bar.set_postfix(loss=f"{log['losses'][-1]:.3f}", **extra, refresh=False)
+            _show(bar, log, {} if postfix is None else postfix(values))
         done = step + 1
-        stopping = stop_after is not None and done >= stop_after
-        if checkpoint is not None and (
-            done % options.checkpoint_every == 0 or done == cfg.steps or stopping
+        stopping = stop_reached(done, options.stop_after)
+        if checkpoint is not None and checkpoint_due(
+            done, cfg.steps, options.checkpoint_every, stopping
         ):
-            save_checkpoint(
-                checkpoint,
-                {
-                    **state_fn(),
-                    "optimizer": opt.state_dict(),
-                    "step": done,
-                    "log": log,
-                    "train_config": asdict(cfg),  # type: ignore[call-overload]
-                },
-            )
+            _save(checkpoint, state_fn, opt, done, log, cfg)
         if stopping:
             break
     if bar is not None:

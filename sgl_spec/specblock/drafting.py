@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +35,7 @@ from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.tree import (
     BUCKET_MAP_DEFAULT,
     DEFAULT_START_BUCKETS,
+    BlockProposal,
     Start,
     expand_blocks,
     propose_from_logits,
@@ -194,6 +196,80 @@ def _tree_round_mask(
     return torch.cat([context, own], dim=-1)
 
 
+def _round_inputs(
+    trees: list[DraftTree],
+    starts: list[list[Start]],
+    width: int,
+    positions_base: list[int],
+    root_cond: torch.Tensor,  # [bs, d]
+    rounds: list[_Round],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Conditioning state [bs, width, d], token ids and positions [bs, width] of a round's
+    blocks: each start node's token and depth, and the ``h^(L)`` it continues from."""
+    bs = len(trees)
+    cond = torch.zeros(
+        bs, width, root_cond.shape[-1], dtype=root_cond.dtype, device=root_cond.device
+    )
+    ids = torch.zeros(bs, width, dtype=torch.long)
+    pos = torch.zeros(bs, width, dtype=torch.long)
+    for b, request_starts in enumerate(starts):
+        for i, start in enumerate(request_starts):
+            ids[b, i] = trees[b].tokens[start.node]
+            pos[b, i] = positions_base[b] + trees[b].depth[start.node]
+            if start.row < 0:
+                cond[b, i] = root_cond[b]
+            else:
+                cond[b, i] = rounds[-1].hidden[b, start.row, start.slot]
+    return cond, ids, pos
+
+
+def _expand_round(
+    trees: list[DraftTree],
+    sources: list[list[tuple[int, int, int]]],
+    starts: list[list[Start]],
+    proposal: BlockProposal,  # rows: request b's blocks at b * width ...
+    width: int,
+    settings: DraftSettings,
+    round_index: int,
+) -> list[list[Start]]:
+    """Attach each request's proposed blocks to its tree; returns the next round's starts (the
+    best ``max_starts`` by cumulative draft log-probability)."""
+    candidates: list[list[Start]] = []
+    for b, request_starts in enumerate(starts):
+        if not request_starts:
+            candidates.append([])
+            continue
+        rows = slice(b * width, b * width + len(request_starts))
+        sub = type(proposal)(
+            proposal.top_tokens[rows].cpu(),
+            proposal.top_logprobs[rows].cpu(),
+            None if proposal.buckets is None else proposal.buckets[rows].cpu(),
+        )
+        found = expand_blocks(
+            trees[b],
+            request_starts,
+            sub,
+            settings.bucket_map,
+            settings.fixed_width,
+            settings.start_buckets,
+        )
+        _record_sources(trees[b], sources[b], request_starts, round_index)
+        found.sort(key=lambda s, t=trees[b]: (-t.score[s.node], s.node))
+        candidates.append(found[: settings.max_starts])
+    return candidates
+
+
+def _round_proposal(
+    out: Any, drafter: SpecBlockDrafter, settings: DraftSettings, used: int, max_width: int
+) -> BlockProposal:
+    """Top tokens (and rank buckets, when the rank head shapes the tree) of the first ``used``
+    positions of every block of a round."""
+    rank = None
+    if out.rank_logits is not None and settings.use_rank_head:
+        rank = out.rank_logits[:, :, :used].flatten(0, 1)
+    return propose_from_logits(out.logits[:, :, :used].flatten(0, 1), drafter.d2t, rank, max_width)
+
+
 @torch.no_grad()
 def grow_trees(
     drafter: SpecBlockDrafter,
@@ -213,12 +289,10 @@ def grow_trees(
     used = k if block_size is None else block_size
     if not 1 <= used <= k:
         raise ValueError(f"block_size {block_size} outside 1..{k}")
-    device = root_cond.device
-    bs = len(root_tokens)
     max_width = max(max(settings.bucket_map), settings.fixed_width)
     trees = [DraftTree.rooted_at(t) for t in root_tokens]
-    sources: list[list[tuple[int, int, int]]] = [[(-1, -1, -1)] for _ in range(bs)]
-    starts: list[list[Start]] = [[Start(0)] for _ in range(bs)]
+    sources: list[list[tuple[int, int, int]]] = [[(-1, -1, -1)] for _ in trees]
+    starts: list[list[Start]] = [[Start(0)] for _ in trees]
     rounds: list[_Round] = []
     counts: list[int] = []
     logits_per_round: list[torch.Tensor] = []
@@ -231,53 +305,18 @@ def grow_trees(
         width = max(len(s) for s in starts)
         if width == 0:
             break
-        cond = torch.zeros(bs, width, root_cond.shape[-1], dtype=root_cond.dtype, device=device)
-        ids = torch.zeros(bs, width, dtype=torch.long)
-        pos = torch.zeros(bs, width, dtype=torch.long)
-        for b, request_starts in enumerate(starts):
-            for i, start in enumerate(request_starts):
-                ids[b, i] = trees[b].tokens[start.node]
-                pos[b, i] = positions_base[b] + trees[b].depth[start.node]
-                if start.row < 0:
-                    cond[b, i] = root_cond[b]
-                else:
-                    cond[b, i] = rounds[-1].hidden[b, start.row, start.slot]
+        cond, ids, pos = _round_inputs(trees, starts, width, positions_base, root_cond, rounds)
         mask = _tree_round_mask(prefix.visible, rounds, starts, width, k)
         out = drafter(
             cond,
-            ids.to(device),
+            ids.to(root_cond.device),
             from_draft=True,
-            positions=pos.to(device),
+            positions=pos.to(root_cond.device),
             context_kv=context_kv if mask.shape[-1] > width * k else None,
             attention_mask=mask,
         )
-        rank = None
-        if out.rank_logits is not None and settings.use_rank_head:
-            rank = out.rank_logits[:, :, :used].flatten(0, 1)
-        logits = out.logits[:, :, :used].flatten(0, 1)
-        proposal = propose_from_logits(logits, drafter.d2t, rank, max_width)
-        candidates: list[list[Start]] = []
-        for b, request_starts in enumerate(starts):
-            if not request_starts:
-                candidates.append([])
-                continue
-            rows = slice(b * width, b * width + len(request_starts))
-            sub = type(proposal)(
-                proposal.top_tokens[rows].cpu(),
-                proposal.top_logprobs[rows].cpu(),
-                None if proposal.buckets is None else proposal.buckets[rows].cpu(),
-            )
-            found = expand_blocks(
-                trees[b],
-                request_starts,
-                sub,
-                settings.bucket_map,
-                settings.fixed_width,
-                settings.start_buckets,
-            )
-            _record_sources(trees[b], sources[b], request_starts, len(rounds))
-            found.sort(key=lambda s, t=trees[b]: (-t.score[s.node], s.node))
-            candidates.append(found[: settings.max_starts])
+        proposal = _round_proposal(out, drafter, settings, used, max_width)
+        candidates = _expand_round(trees, sources, starts, proposal, width, settings, len(rounds))
         rounds.append(_Round(starts, width, out.kv, out.hidden))
         counts.append(sum(len(s) for s in starts))
         logits_per_round.append(out.logits)
@@ -286,9 +325,9 @@ def grow_trees(
             for (ck, cv), (nk, nv) in zip(context_kv, out.kv, strict=True)
         ]
         starts = candidates
-    pruned, kept_sources = [], []
-    for tree, tree_sources in zip(trees, sources, strict=True):
-        small, kept = prune_to_budget(tree, settings.max_nodes)
-        pruned.append(small)
-        kept_sources.append([tree_sources[i] for i in kept])
-    return DraftResult(pruned, len(rounds), counts, logits_per_round, kept_sources)
+    pruned = [prune_to_budget(tree, settings.max_nodes) for tree in trees]
+    kept_sources = [
+        [tree_sources[i] for i in kept]
+        for (_, kept), tree_sources in zip(pruned, sources, strict=True)
+    ]
+    return DraftResult([t for t, _ in pruned], len(rounds), counts, logits_per_round, kept_sources)

@@ -58,6 +58,30 @@ def sample_from(probs: torch.Tensor, coin: float) -> int:
     return idx
 
 
+def _walk_siblings(
+    child: int,  # first child of the current node, -1 for none
+    next_sibling: list[int],  # [num_draft_tokens]
+    tokens: list[int],  # [num_draft_tokens]
+    probs: torch.Tensor,  # [vocab] target distribution at the current node
+    coin: float,
+    threshold_single: float,
+    threshold_acc: float,
+) -> tuple[int, list[int]]:
+    """The siblings take consecutive intervals of [0, 1) of width p(token); the child whose
+    interval holds the coin is accepted. Returns it (-1 for none) and the tokens passed over."""
+    prob_acc = 0.0
+    rejected: list[int] = []
+    while child != -1:
+        token = tokens[child]
+        p = float(probs[token])
+        prob_acc += p
+        if p > 0 and (coin < prob_acc / threshold_acc or p >= threshold_single):
+            return child, rejected
+        rejected.append(token)
+        child = next_sibling[child]
+    return -1, rejected
+
+
 def tree_speculative_sampling_target_only(
     predicts: torch.Tensor,  # [bs * num_draft_tokens] out: token per tree slot
     accept_index: torch.Tensor,  # [bs, num_spec_steps] out: accepted slots, -1 padded
@@ -92,19 +116,10 @@ def tree_speculative_sampling_target_only(
         num_accepted = 0
         rejected: list[int] = []
         for step in range(1, num_spec_steps):
-            child = r_next[b][node]
-            prob_acc = 0.0
-            rejected = []
-            accepted_child = -1
-            while child != -1:
-                token = cand[b][child]
-                p = float(target_probs[b, node, token])
-                prob_acc += p
-                if p > 0 and (coin < prob_acc / threshold_acc or p >= threshold_single):
-                    accepted_child = child
-                    break
-                rejected.append(token)
-                child = r_sib[b][child]
+            accepted_child, rejected = _walk_siblings(
+                r_next[b][node], r_sib[b], cand[b], target_probs[b, node], coin,
+                threshold_single, threshold_acc,
+            )  # fmt: skip
             if accepted_child == -1:
                 break
             predicts[last_flat] = cand[b][accepted_child]

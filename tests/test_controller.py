@@ -1,4 +1,5 @@
-"""sgl_spec.mtp.controller: equation 1, the τ table, and the k chosen from τ and acceptance."""
+"""sgl_spec.mtp.controller and its cost model: equation 1, the τ table, step times, and the k
+chosen from τ and acceptance."""
 
 from __future__ import annotations
 
@@ -7,16 +8,14 @@ import math
 
 import pytest
 
-from sgl_spec.mtp.controller import (
-    ControllerConfig,
+from sgl_spec.mtp.controller import ControllerConfig, SpeculationController
+from sgl_spec.mtp.cost_model import (
     DrafterCost,
     GammaTable,
     MTPGatedLoRACost,
-    SpeculationController,
-    StepTimes,
-    batch_bucket,
     predicted_speedup,
 )
+from sgl_spec.mtp.step_times import StepTimes, batch_bucket
 
 BATCH_SIZES = (1, 16, 128)
 CTX_LENS = (128, 1024)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sgl_spec.cpu_kernels import attention
+from sgl_spec.cpu_kernels import paged_kv
 from sgl_spec.cpu_kernels.attention import decode_attention, extend_attention
 from sgl_spec.cpu_kernels.attention_reference import (
     decode_attention_reference,
@@ -254,8 +254,8 @@ def test_decode_matches_reference(
     lens: list[int], kw: dict, per_request: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if per_request:  # as for a batch too ragged to pad
-        monkeypatch.setattr(attention, "_SMALL_PAIRS", 0)
-        monkeypatch.setattr(attention, "_MAX_PAD", 1.0)
+        monkeypatch.setattr(paged_kv, "SMALL_PAIRS", 0)
+        monkeypatch.setattr(paged_kv, "MAX_PAD", 1.0)
     gen = torch.Generator().manual_seed(12)
     case = make_case(gen, (8, 2), (64, 64), [n - 1 for n in lens], [1] * len(lens), tree=False)
     if kw.pop("sinks", False):
@@ -296,18 +296,18 @@ def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, sav
         case.k_ext = torch.randn(case.k_ext.shape, generator=gen)
     case.req_to_token[2, :total] = case.req_to_token[1, :total]
     views = []
-    original = attention._pool_view
+    original = paged_kv.pool_view
 
     def counting(*args):  # noqa: ANN002, ANN202
         view = original(*args)
         views.append(view is not None)
         return view
 
-    monkeypatch.setattr(attention, "_pool_view", counting)
+    monkeypatch.setattr(paged_kv, "pool_view", counting)
     in_place = run_extend(extend_attention, case, tree=True)
     decoded = run_decode(decode_attention, case, case.q[:1], [2], [total])
     assert views == [saved, saved, True, True]
-    monkeypatch.setattr(attention, "POOL_VIEW", False)
+    monkeypatch.setattr(paged_kv, "POOL_VIEW", False)
     gathered = run_extend(extend_attention, case, tree=True)
     torch.testing.assert_close(in_place, gathered, rtol=2e-6, atol=2e-6)
     reference = run_extend(extend_attention_reference, case, tree=True)

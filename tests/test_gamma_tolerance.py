@@ -16,12 +16,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gamma_tolerance as bench  # noqa: E402
 
-from sgl_spec.mtp.controller import (  # noqa: E402
-    ControllerConfig,
-    GammaTable,
-    MTPGatedLoRACost,
-    SpeculationController,
-)
+from sgl_spec.mtp.controller import ControllerConfig, SpeculationController  # noqa: E402
+from sgl_spec.mtp.cost_model import GammaTable, MTPGatedLoRACost  # noqa: E402
 
 POINT_KEYS = {
     "batch_size", "ctx_len", "gamma", "mean_ms", "median_ms", "p10_ms", "p90_ms", "num_iters",

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from sgl_spec.minedraft import channel, codec
 from sgl_spec.minedraft import messages as M
+from sgl_spec.minedraft.codec import decode, encode
 from sgl_spec.minedraft.messages import (
     PROTOCOL_VERSION,
     DraftEntry,
@@ -26,8 +28,6 @@ from sgl_spec.minedraft.messages import (
     MessageError,
     Ready,
     Shutdown,
-    decode,
-    encode,
 )
 
 
@@ -92,7 +92,7 @@ def test_round_trip(msg: M.Message) -> None:
 
 
 def test_every_message_type_is_covered() -> None:
-    assert {type(m) for m in example_messages()} == set(M._TAGS)
+    assert {type(m) for m in example_messages()} == set(codec._TAGS)
 
 
 def test_arrays_are_raw_int32_and_float32() -> None:
@@ -145,7 +145,7 @@ def raw_frame(tag: int, body: object) -> bytes:
 
 
 def test_malformed_bodies_are_rejected() -> None:
-    tag = M._TAGS[DraftResult]
+    tag = codec._TAGS[DraftResult]
     good = {"step_id": 1, "batch_id": 0, "outputs": []}
     assert decode(raw_frame(tag, good)).step_id == 1
     cases = {
@@ -185,29 +185,31 @@ def test_construction_checks_invariants() -> None:
 
 
 def test_addresses_are_derived_in_one_place() -> None:
-    a = M.draft_server_addresses("30000-dp0", ipc_dir="/tmp/x")
-    assert a == M.draft_server_addresses("30000-dp0", ipc_dir="/tmp/x")
+    a = channel.draft_server_addresses("30000-dp0", ipc_dir="/tmp/x")
+    assert a == channel.draft_server_addresses("30000-dp0", ipc_dir="/tmp/x")
     assert a.to_draft_server.startswith("ipc:///tmp/x/") and a.to_scheduler.startswith("ipc://")
     assert a.to_draft_server != a.to_scheduler
-    assert M.draft_server_addresses("30000-dp1", ipc_dir="/tmp/x").to_scheduler != a.to_scheduler
+    assert (
+        channel.draft_server_addresses("30000-dp1", ipc_dir="/tmp/x").to_scheduler != a.to_scheduler
+    )
     with pytest.raises(ValueError, match="instance_id"):
-        M.draft_server_addresses("../evil")
+        channel.draft_server_addresses("../evil")
     with pytest.raises(ValueError, match="too long"):
-        M.draft_server_addresses("a", ipc_dir="/tmp/" + "d" * 120)
+        channel.draft_server_addresses("a", ipc_dir="/tmp/" + "d" * 120)
 
 
 def test_transport_between_two_threads() -> None:
     import zmq
 
-    addrs = M.draft_server_addresses("test", ipc_dir=tempfile.mkdtemp(prefix="sgl"))
-    to_server = M.MessageChannel(addrs.to_draft_server, zmq.PUSH, bind=True)
-    from_server = M.MessageChannel(addrs.to_scheduler, zmq.PULL, bind=True)
+    addrs = channel.draft_server_addresses("test", ipc_dir=tempfile.mkdtemp(prefix="sgl"))
+    to_server = channel.MessageChannel(addrs.to_draft_server, zmq.PUSH, bind=True)
+    from_server = channel.MessageChannel(addrs.to_scheduler, zmq.PULL, bind=True)
     seen: list[M.Message] = []
 
     def draft_server() -> None:
         with (
-            M.MessageChannel(addrs.to_draft_server, zmq.PULL, bind=False) as inbox,
-            M.MessageChannel(addrs.to_scheduler, zmq.PUSH, bind=False) as outbox,
+            channel.MessageChannel(addrs.to_draft_server, zmq.PULL, bind=False) as inbox,
+            channel.MessageChannel(addrs.to_scheduler, zmq.PUSH, bind=False) as outbox,
         ):
             while (msg := inbox.recv(timeout_s=5.0)) is not None:
                 seen.append(msg)

@@ -11,8 +11,9 @@ import torch
 from tiny_models import SPECBLOCK_V, specblock_drafter
 
 from sgl_spec.minedraft import specblock_host
+from sgl_spec.minedraft.codec import decode, encode
 from sgl_spec.minedraft.draft_model import DraftStateError
-from sgl_spec.minedraft.messages import DraftEntry, Hello, MessageError, decode, encode
+from sgl_spec.minedraft.messages import DraftEntry, Hello, MessageError
 from sgl_spec.minedraft.specblock_host import SpecBlockChainModel
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix, grow_trees
 from sgl_spec.verify.packing import context_visibility

@@ -16,12 +16,9 @@ from tiny_models import (
     specblock_drafter,
 )
 
+from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
-from sgl_spec.specblock.model import (
-    CheckpointError,
-    SpecBlockDrafter,
-    draft_vocab_from_counts,
-)
+from sgl_spec.specblock.model import SpecBlockDrafter, draft_vocab_from_counts
 from sgl_spec.specblock.rank import psi_features, rank_to_bucket, target_rank
 
 K, D, V, VD = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V, SPECBLOCK_VD

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sgl_spec.specblock.model import SpecBlockConfig, SpecBlockDrafter
+    from sgl_spec.specblock.config import SpecBlockConfig
+    from sgl_spec.specblock.model import SpecBlockDrafter
 
 CORPUS_FILES = {"train": ("textwrap.py", "string.py"), "eval": ("bisect.py",)}
 # the tiny SpecBlock drafter: block size, (target) hidden size, target vocab, draft vocab
@@ -150,7 +151,7 @@ def specblock_config(**overrides: object) -> SpecBlockConfig:
     replace ``SpecBlockConfig.from_target`` arguments."""
     from transformers import LlamaConfig
 
-    from sgl_spec.specblock.model import SpecBlockConfig
+    from sgl_spec.specblock.config import SpecBlockConfig
 
     target = LlamaConfig(
         hidden_size=SPECBLOCK_D,

@@ -2,7 +2,9 @@
 ``extend_attention_cpu`` as SGLang 0.5.23's ``IntelAMXAttnBackend`` calls them.
 
 Paged layout: ``req_to_token[req_pool_indices[b], j]`` is the KV-pool row of token ``j`` of
-request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_dim]``.
+request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_dim]``. This module
+holds the ops and the attention arithmetic (query layout, masks, softmax); ``paged_kv.py``
+groups requests into batches and gathers their K/V from the pool.
 
 Cost: at served sizes (a few queries per request against tens to hundreds of keys, batch
 1-16) time goes to memory traffic and per-op overhead, not arithmetic. So K and V are
@@ -11,7 +13,7 @@ consecutive, and handed to the attention as a head-major view, without another c
 query heads become extra query rows of their KV head (a view, not a repeat); a mask is built
 only where some key is hidden (a full-length decode has none); and without logit cap or sinks
 the product runs in PyTorch's fused CPU attention (``scaled_dot_product_attention``).
-A batch whose padding would waste most of the work (``_MAX_PAD``) runs request by request.
+A batch whose padding would waste most of the work (``MAX_PAD``) runs request by request.
 
 Precision: float32 throughout, as the model's linear layers. A token decoded alone and the
 same token inside a verify block agree up to float32 rounding, not bit for bit (the kernels'
@@ -23,24 +25,21 @@ to end by each algorithm's test against the non-speculative server.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels.opdef import OpDef
-
-_ACC = torch.float32
-# Read K/V straight from the pool when a lone request's rows are consecutive
-# (``_consecutive_start``, ``_pool_view``);
-# SGLSPEC_ATTN_POOL_VIEW=0 always gathers a copy (for A/B measurements).
-POOL_VIEW = os.environ.get("SGLSPEC_ATTN_POOL_VIEW", "1") != "0"
-# A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
-# than _MAX_PAD times the real query-key pairs and over _SMALL_PAIRS of them (a ragged prefill
-# batch); then it runs one request at a time, paying those ops per request.
-_MAX_PAD = 4.0
-_SMALL_PAIRS = 1 << 16
+from sgl_spec.cpu_kernels.paged_kv import (
+    ACC,
+    Batch,
+    consecutive_start,
+    gather_heads,
+    make_batch,
+    pad_is_cheap,
+    pool_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -55,143 +54,12 @@ class _Params:
     sinks: torch.Tensor | None  # [H]
 
 
-@dataclass(frozen=True)
-class _Batch:
-    """Requests attended together: their pool rows, key counts and query rows."""
-
-    req_pool_indices: torch.Tensor  # [B]
-    lens: torch.Tensor  # [B] keys per request, int64 (prefix + extend)
-    ext: torch.Tensor  # [B] queries per request, int64
-    starts: torch.Tensor  # [B] row of each request's first query in q / o, int64
-    lens_list: list[int]
-    ext_list: list[int]
-    start_list: list[int]
-
-    @property
-    def uniform(self) -> bool:
-        """Every request has the same number of queries, stored back to back in order."""
-        n = self.ext_list[0]
-        return self.ext_list == [n] * len(self.ext_list) and self.start_list == [
-            b * n for b in range(len(self.ext_list))
-        ]
-
-    def split(self) -> list[tuple[slice, slice, _Batch]]:
-        """One batch per request, with the request's query rows and its tree-mask entries
-        (an ``[e, e]`` block per request, back to back)."""
-        parts, mask_start = [], 0
-        for b, (start, n) in enumerate(zip(self.start_list, self.ext_list, strict=True)):
-            one = _Batch(
-                self.req_pool_indices[b : b + 1],
-                self.lens[b : b + 1],
-                self.ext[b : b + 1],
-                self.starts[b : b + 1] - start,
-                [self.lens_list[b]],
-                [n],
-                [0],
-            )
-            parts.append((slice(start, start + n), slice(mask_start, mask_start + n * n), one))
-            mask_start += n * n
-        return parts
-
-    def parts(self, batched: bool) -> list[tuple[slice, slice, _Batch]]:
-        """``split()``, or the whole batch as one part when ``batched``."""
-        return [(slice(None), slice(None), self)] if batched else self.split()
-
-
-def _batch(
-    req_pool_indices: torch.Tensor, lens: torch.Tensor, ext: torch.Tensor, starts: torch.Tensor
-) -> _Batch:
-    """The whole call as one batch (lengths read once into Python lists)."""
-    lens, ext, starts = lens.long(), ext.long(), starts.long()
-    rows = req_pool_indices.long()
-    return _Batch(rows, lens, ext, starts, lens.tolist(), ext.tolist(), starts.tolist())
-
-
-def _pad_is_cheap(batch: _Batch) -> bool:
-    """Whether padding every request to the longest one stays cheap (see ``_MAX_PAD``)."""
-    padded = len(batch.lens_list) * max(batch.lens_list) * max(batch.ext_list)
-    pairs = sum(n * e for n, e in zip(batch.lens_list, batch.ext_list, strict=True))
-    return padded <= max(_MAX_PAD * pairs, _SMALL_PAIRS)
-
-
-def _pool_rows(req_to_token: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``[B, L]`` pool rows of each request's keys, padding -> row 0; ``[L]`` positions)."""
-    max_len = max(batch.lens_list)
-    rows = req_to_token[batch.req_pool_indices, :max_len]
-    key_pos = torch.arange(max_len, device=rows.device)
-    if min(batch.lens_list) < max_len:
-        rows = rows.masked_fill(key_pos[None, :] >= batch.lens[:, None], 0)
-    return rows, key_pos
-
-
-def _gather_heads(
-    buffer: torch.Tensor,  # [pool, Hkv, D]
-    rows: torch.Tensor,  # [B, L] pool rows
-    scale: float,
-    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    start: int | None = None,
-) -> torch.Tensor:
-    """``buffer[rows] * scale`` as a ``[B, Hkv, L, D]`` view in ``_ACC``, gathered once.
-
-    ``override = (b, j, values [T, Hkv, D])`` replaces keys ``(b[t], j[t])`` by ``values[t]``
-    (the extend K/V passed to the op, which the pool may not hold). ``start``
-    (``_consecutive_start``) lets it read the pool in place instead (``_pool_view``)."""
-    num, length = rows.shape
-    heads, dim = buffer.shape[1], buffer.shape[2]
-    if start is not None and buffer.dtype == _ACC and scale == 1.0:
-        view = _pool_view(buffer, start, length, override)
-        if view is not None:
-            return view.transpose(1, 2)
-    gathered = buffer.index_select(0, rows.reshape(-1)).view(num, length, heads, dim)
-    if gathered.dtype != _ACC:
-        gathered = gathered.to(_ACC)
-    if override is not None:
-        b, j, values = override
-        gathered[b, j] = values.to(_ACC)
-    if scale != 1.0:
-        gathered.mul_(scale)
-    return gathered.transpose(1, 2)
-
-
-def _consecutive_start(rows: torch.Tensor) -> int | None:  # [B, L] pool rows
-    """The first pool row when the batch is one request whose keys sit in consecutive pool rows
-    in order (a lone request usually gets its slots that way); None otherwise. Checked once
-    per call, for K and V alike."""
-    if not POOL_VIEW or rows.shape[0] != 1:
-        return None
-    length = rows.shape[1]
-    first = int(rows[0, 0])
-    expected = torch.arange(first, first + length, dtype=rows.dtype, device=rows.device)
-    if length > 1 and not torch.equal(rows[0], expected):
-        return None
-    return first
-
-
-def _pool_view(
-    buffer: torch.Tensor,  # [pool, Hkv, D]
-    start: int,
-    length: int,
-    override: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-) -> torch.Tensor | None:
-    """Pool rows ``start .. start + length`` as a ``[1, L, Hkv, D]`` view of the pool itself;
-    with ``override``, only if the pool already holds those values (the backend saved the
-    extend K/V before the call). None otherwise: the caller gathers a copy."""
-    if start + length > buffer.shape[0]:
-        return None
-    view = buffer[start : start + length].unsqueeze(0)
-    if override is not None:
-        _, j, values = override
-        if not torch.equal(view[0, j], values.to(buffer.dtype)):
-            return None
-    return view
-
-
 def _queries(q: torch.Tensor, num_kv_heads: int, sm_scale: float) -> torch.Tensor:
-    """``[B, n, H, D]`` -> ``[B, Hkv, n * g, D]`` in ``_ACC`` times ``sm_scale``: the ``g``
+    """``[B, n, H, D]`` -> ``[B, Hkv, n * g, D]`` in ``ACC`` times ``sm_scale``: the ``g``
     query heads sharing a KV head become rows of that head, ordered (query, head in group)."""
     num, n, heads, dim = q.shape
     group = heads // num_kv_heads
-    out = torch.empty((num, num_kv_heads, n, group, dim), dtype=_ACC, device=q.device)
+    out = torch.empty((num, num_kv_heads, n, group, dim), dtype=ACC, device=q.device)
     out.copy_(q.view(num, n, num_kv_heads, group, dim).permute(0, 2, 1, 3, 4))
     return out.mul_(sm_scale).view(num, num_kv_heads, n * group, dim)
 
@@ -229,7 +97,7 @@ def attend(
     if sinks is None:
         return torch.matmul(torch.softmax(scores, dim=-1), v)
     group = sinks.shape[0] // kv_heads
-    sink = sinks.to(_ACC).view(1, kv_heads, 1, group).expand(num, kv_heads, rows // group, group)
+    sink = sinks.to(ACC).view(1, kv_heads, 1, group).expand(num, kv_heads, rows // group, group)
     scores = torch.cat([scores, sink.reshape(num, kv_heads, rows, 1)], dim=-1)
     return torch.matmul(torch.softmax(scores, dim=-1)[..., :length], v)
 
@@ -265,9 +133,9 @@ def decode_attention(
     if bs == 0:
         return
     ones = torch.ones(bs, dtype=torch.int64, device=query.device)
-    batch = _batch(req_pool_indices, seq_lens, ones, torch.arange(bs, device=query.device))
+    batch = make_batch(req_pool_indices, seq_lens, ones, torch.arange(bs, device=query.device))
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
-    for rows, _, part in batch.parts(_pad_is_cheap(batch)):
+    for rows, _, part in batch.parts(pad_is_cheap(batch)):
         _decode(query[rows], k_cache, v_cache, output[rows], req_to_token, part, params)
 
 
@@ -277,19 +145,19 @@ def _decode(
     v_cache: torch.Tensor,  # [pool, Hkv, Dv]
     output: torch.Tensor,  # [B, H, Dv]
     req_to_token: torch.Tensor,
-    batch: _Batch,
+    batch: Batch,
     params: _Params,
 ) -> None:
-    rows, key_pos = _pool_rows(req_to_token, batch)
+    rows, key_pos = pool_rows(req_to_token, batch)
     hidden = None  # [B, 1, L]
     if min(batch.lens_list) < key_pos.shape[0]:
         hidden = (key_pos[None, :] >= batch.lens[:, None])[:, None, :]
     if 0 < params.window < max(batch.lens_list):
         far = key_pos[None, :] <= (batch.lens - params.window - 1)[:, None]
         hidden = far[:, None, :] if hidden is None else hidden | far[:, None, :]
-    start = _consecutive_start(rows)
-    k = _gather_heads(k_cache, rows, params.key_scale, start=start)
-    v = _gather_heads(v_cache, rows, params.value_scale, start=start)
+    start = consecutive_start(rows)
+    k = gather_heads(k_cache, rows, params.key_scale, start=start)
+    v = gather_heads(v_cache, rows, params.value_scale, start=start)
     q = _queries(query[:, None], k.shape[1], params.sm_scale)
     out = attend(q, k, v, hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
     output.copy_(out.reshape(output.shape))
@@ -328,9 +196,9 @@ def extend_attention(
         return
     if tree_mask is not None and sliding_window > 0:
         raise NotImplementedError("sgl_spec CPU fallback: tree mask with sliding window")
-    batch = _batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
+    batch = make_batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
-    batched = _pad_is_cheap(batch) and (tree_mask is None or batch.uniform)
+    batched = pad_is_cheap(batch) and (tree_mask is None or batch.uniform)
     given = k_extend is not None and v_extend is not None
     for rows, mask_rows, part in batch.parts(batched):
         if part.ext_list == [0]:
@@ -354,13 +222,13 @@ def _extend(
     o: torch.Tensor,  # [tokens, H, Dv]
     kv_buffer: tuple[torch.Tensor, torch.Tensor],  # [pool, Hkv, D], [pool, Hkv, Dv]
     req_to_token: torch.Tensor,
-    batch: _Batch,
+    batch: Batch,
     params: _Params,
     tree: torch.Tensor | None,  # flat [B * n * n] (only for uniform batches)
     is_causal: bool,
 ) -> None:
     num, n = len(batch.lens_list), max(batch.ext_list)
-    rows, key_pos = _pool_rows(req_to_token, batch)
+    rows, key_pos = pool_rows(req_to_token, batch)
     prefix = batch.lens - batch.ext  # [B]
     j = torch.arange(n, device=q.device)
     token = valid = None  # [B, n]: query row of (request, j), and whether it exists
@@ -380,9 +248,9 @@ def _extend(
         else:
             b_idx, pos, src = b_idx[valid], pos[valid], token[valid]
         k_new, v_new = (b_idx, pos, kv_extend[0][src]), (b_idx, pos, kv_extend[1][src])
-    start = _consecutive_start(rows)
-    k = _gather_heads(kv_buffer[0], rows, params.key_scale, k_new, start)
-    v = _gather_heads(kv_buffer[1], rows, params.value_scale, v_new, start)
+    start = consecutive_start(rows)
+    k = gather_heads(kv_buffer[0], rows, params.key_scale, k_new, start)
+    v = gather_heads(kv_buffer[1], rows, params.value_scale, v_new, start)
     hidden = _extend_hidden(batch, key_pos, prefix, n, tree, is_causal, params.window)
     out = attend(
         _queries(queries, k.shape[1], params.sm_scale), k, v, hidden, params.logit_cap, params.sinks
@@ -396,7 +264,7 @@ def _extend(
 
 
 def _extend_hidden(
-    batch: _Batch,
+    batch: Batch,
     key_pos: torch.Tensor,  # [L]
     prefix: torch.Tensor,  # [B]
     n: int,

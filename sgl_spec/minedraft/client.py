@@ -22,17 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from sgl_spec.minedraft.channel import MessageChannel, draft_server_addresses
 from sgl_spec.minedraft.messages import (
     PROTOCOL_VERSION,
     DraftRequest,
     DraftResult,
     ErrorReport,
     Hello,
-    MessageChannel,
     MessageError,
     Ready,
     Shutdown,
-    draft_server_addresses,
 )
 
 POLL_S = 0.2

@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sgl_spec.minedraft.channel import MessageChannel, draft_server_addresses
 from sgl_spec.minedraft.messages import (
     DraftEntry,
     DraftOutput,
@@ -41,11 +42,9 @@ from sgl_spec.minedraft.messages import (
     DraftResult,
     ErrorReport,
     Hello,
-    MessageChannel,
     MessageError,
     Ready,
     Shutdown,
-    draft_server_addresses,
 )
 
 logger = logging.getLogger("sgl_spec.minedraft.draft_server")

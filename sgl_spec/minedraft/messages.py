@@ -4,38 +4,24 @@ MineDraft (paper §5, Fig. 2) runs the Drafter on its own device in its own proc
 drafting batch B overlaps verification of batch A. Each SD step the scheduler sends the draft
 server one :class:`DraftRequest` (the tokens verified since the last message, §5.2 "the Verifier
 returns the sampled tokens ... to the Drafter") and gets back one :class:`DraftResult` at the
-sync point. Every message is a frozen dataclass, grouped below by receiver.
+sync point. Every message is a frozen dataclass, grouped below by receiver; this module holds
+their definitions and invariants only. ``codec.py`` turns them into frames and back,
+``channel.py`` carries the frames over ZMQ.
 
-Wire format (one ZMQ frame per message)::
-
-    b"MD" | protocol version (uint16 LE) | type tag (uint8) | msgpack body (msgspec)
-
-Token ids and probabilities travel as msgpack ext values holding raw little-endian int32 /
-float32 data plus their shape, so a ``[bs, vocab]`` tensor costs its bytes, not a msgpack list.
 Array fields accept numpy arrays, torch tensors or int sequences and are stored as numpy arrays
 (``torch.from_numpy`` gives a tensor back without a copy); the dataclasses therefore use
-identity equality. ``decode`` raises :class:`MessageError` on a foreign protocol version, an
-unknown type tag, a truncated or malformed payload and values that violate a message's
-invariants, so a misbehaving draft server can be detected and degraded to target-only decoding.
+identity equality. Construction raises :class:`MessageError` on values that violate a message's
+invariants, so a decoded frame from a misbehaving draft server fails the same way.
 """
 
 from __future__ import annotations
 
-import os
-import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import numpy as np
 
 PROTOCOL_VERSION = 3  # 2: Hello.max_total_tokens; 3: Hello.drafter, DraftEntry.features
-_MAGIC = b"MD"
-_HEADER = struct.Struct("<2sHB")  # magic, protocol version, type tag
-_EXT_INT32 = 1
-_EXT_FLOAT32 = 2
-_MAX_NDIM = 4
 
 
 class MessageError(ValueError):
@@ -236,166 +222,6 @@ ToDraftServer = Hello | DraftRequest | Shutdown
 ToScheduler = Ready | DraftResult | ErrorReport
 Message = ToDraftServer | ToScheduler
 
-# Wire tags are part of the protocol: never renumber, bump PROTOCOL_VERSION instead.
-_TAGS: dict[type, int] = {
-    Hello: 1,
-    DraftRequest: 2,
-    Shutdown: 3,
-    Ready: 17,
-    DraftResult: 18,
-    ErrorReport: 19,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# encode / decode
-# ---------------------------------------------------------------------------------------------
-
-
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        if obj.ndim > _MAX_NDIM:
-            raise MessageError(f"arrays of more than {_MAX_NDIM} dimensions: {obj.shape}")
-        code, wire = (_EXT_FLOAT32, "<f4") if obj.dtype == np.float32 else (_EXT_INT32, "<i4")
-        header = struct.pack(f"<B{obj.ndim}I", obj.ndim, *obj.shape)
-        return msgspec.msgpack.Ext(code, header + obj.astype(wire, copy=False).tobytes())
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-
-
-def _ext_hook(code: int, data: memoryview) -> np.ndarray:
-    if code not in (_EXT_INT32, _EXT_FLOAT32) or len(data) < 1:
-        raise MessageError(f"unknown array encoding (ext code {code})")
-    ndim = data[0]
-    if ndim > _MAX_NDIM or len(data) < 1 + 4 * ndim:
-        raise MessageError("truncated or malformed array header")
-    shape = struct.unpack_from(f"<{ndim}I", data, 1)
-    wire, native = ("<f4", np.float32) if code == _EXT_FLOAT32 else ("<i4", np.int32)
-    body = data[1 + 4 * ndim :]
-    if len(body) != 4 * int(np.prod(shape, dtype=np.int64)):
-        raise MessageError(f"array payload of {len(body)} bytes does not match shape {shape}")
-    return np.frombuffer(body, dtype=wire).astype(native).reshape(shape)
-
-
-def _dec_hook(expected: type, obj: Any) -> Any:
-    if expected is np.ndarray and isinstance(obj, np.ndarray):
-        return obj
-    raise MessageError(f"expected {expected.__name__}, got {type(obj).__name__}")
-
-
-_ENCODER = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-_DECODERS = {
-    tag: (cls, msgspec.msgpack.Decoder(cls, dec_hook=_dec_hook, ext_hook=_ext_hook))
-    for cls, tag in _TAGS.items()
-}
-
-
-def encode(msg: Message) -> bytes:
-    """Serialise one message into one frame (header + msgpack body)."""
-    tag = _TAGS.get(type(msg))
-    if tag is None:
-        raise MessageError(f"not a message type: {type(msg).__name__}")
-    return _HEADER.pack(_MAGIC, PROTOCOL_VERSION, tag) + _ENCODER.encode(msg)
-
-
-def decode(frame: bytes | bytearray | memoryview) -> Message:
-    """Parse one frame; raises MessageError for anything but a valid message of this version."""
-    if len(frame) < _HEADER.size:
-        raise MessageError(f"truncated frame: {len(frame)} bytes, header needs {_HEADER.size}")
-    magic, version, tag = _HEADER.unpack_from(frame)
-    if magic != _MAGIC:
-        raise MessageError(f"not a MineDraft message (magic {bytes(magic)!r})")
-    if version != PROTOCOL_VERSION:
-        raise MessageError(
-            f"protocol version {version}, expected {PROTOCOL_VERSION}: the draft server and"
-            " the scheduler come from different sgl-spec versions"
-        )
-    if tag not in _DECODERS:
-        raise MessageError(f"unknown message type tag {tag}")
-    cls, decoder = _DECODERS[tag]
-    try:
-        return decoder.decode(memoryview(frame)[_HEADER.size :])
-    except MessageError:
-        raise
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
-        raise MessageError(f"bad {cls.__name__} payload: {exc}") from exc
-
-
-# ---------------------------------------------------------------------------------------------
-# transport
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DraftServerAddresses:
-    """The two one-way IPC sockets of one scheduler <-> draft server pair."""
-
-    to_draft_server: str  # scheduler PUSH -> draft server PULL
-    to_scheduler: str  # draft server PUSH -> scheduler PULL
-
-
-_MAX_IPC_PATH = 100  # sockaddr_un.sun_path is 108 bytes on Linux (104 on macOS)
-
-
-def draft_server_addresses(instance_id: str, ipc_dir: str | None = None) -> DraftServerAddresses:
-    """Derive the socket addresses of one draft server (the only place they are built).
-
-    ``instance_id`` must be unique per scheduler process on the host, e.g. the server port and
-    DP rank (``f"{port}-dp{dp_rank}"``); both processes call this with the same arguments.
-    """
-    if not instance_id or not all(c.isalnum() or c in "-_." for c in instance_id):
-        raise ValueError(f"instance_id must be non-empty [A-Za-z0-9._-], got {instance_id!r}")
-    base = os.path.join(ipc_dir or tempfile.gettempdir(), f"sgl-spec-minedraft-{instance_id}")
-    if len(base) + len("-to-scheduler") > _MAX_IPC_PATH:
-        raise ValueError(f"IPC path too long for a unix socket: {base!r}; pass a shorter ipc_dir")
-    return DraftServerAddresses(
-        to_draft_server=f"ipc://{base}-to-draft", to_scheduler=f"ipc://{base}-to-scheduler"
-    )
-
-
-class MessageChannel:
-    """One typed, one-directional ZMQ endpoint: PUSH to ``send`` or PULL to ``recv``.
-
-    Built with SGLang's ``get_zmq_socket`` so buffer sizes and TCP peer restrictions match the
-    rest of the server. ``recv`` raises MessageError on a bad frame (the frame is consumed).
-    """
-
-    def __init__(self, endpoint: str, socket_type: int, *, bind: bool, context: Any = None):
-        import zmq
-        from sglang.srt.utils.network import get_zmq_socket  # heavy import: only when used
-
-        if socket_type not in (zmq.PUSH, zmq.PULL):
-            raise ValueError("MessageChannel is one-directional: zmq.PUSH or zmq.PULL")
-        self._zmq = zmq
-        self.endpoint = endpoint
-        self._socket = get_zmq_socket(
-            context or zmq.Context.instance(), socket_type, endpoint, bind=bind
-        )
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-
-    def send(self, msg: Message) -> None:
-        self._socket.send(encode(msg), copy=False)
-
-    def recv(self, timeout_s: float | None = None) -> Message | None:
-        """Next message, or None if none arrives within ``timeout_s`` (None: wait forever)."""
-        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
-        if not self._poller.poll(timeout_ms):
-            return None
-        return decode(self._socket.recv(copy=False).buffer)
-
-    def close(self, linger_s: float = 0.0) -> None:
-        """Close; ``linger_s`` bounds how long queued outgoing messages may still be sent."""
-        if not self._socket.closed:
-            self._poller.unregister(self._socket)
-            self._socket.close(linger=int(linger_s * 1000))
-
-    def __enter__(self) -> MessageChannel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -403,17 +229,12 @@ __all__ = [
     "DraftOutput",
     "DraftRequest",
     "DraftResult",
-    "DraftServerAddresses",
     "ErrorReport",
     "Hello",
     "Message",
-    "MessageChannel",
     "MessageError",
     "Ready",
     "Shutdown",
     "ToDraftServer",
     "ToScheduler",
-    "decode",
-    "draft_server_addresses",
-    "encode",
 ]

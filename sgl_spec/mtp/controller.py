@@ -1,17 +1,13 @@
 """Choose how many drafts to speculate per step from measured γ-tolerance and live acceptance.
 
-Seed paper §3.1: with τ(γ) = T(1)/T(γ) the latency ratio of a target forward that carries γ
-tokens per request, and δ = T_D/T(1) the drafter's per-draft cost, a step that proposes γ
-drafts has speedup (equation 1)
-
-    S = λ·τ(γ+1) / (1 + γ·δ·τ(γ+1)),
-
-where λ, the *acceptance length*, is the expected number of tokens a step commits: accepted
-drafts plus the bonus token. Speculation pays only while S > 1, and on large batches τ falls
-fast with γ (§4.1), so the best number of drafts k depends on batch size, context length and
-how well drafts are currently accepted. This module is pure (no SGLang): ``GammaTable`` holds τ
-measured by ``benchmarks/gamma_tolerance.py``; ``SpeculationController`` keeps per-position
-acceptance estimates and returns the k with the highest predicted S, or 0 (speculation off).
+Seed paper §3.1: a step that proposes γ drafts has the speedup S of equation 1, from λ, the
+*acceptance length* (accepted drafts plus the bonus token), τ(γ+1) = T(1)/T(γ+1) and the
+drafter's per-draft cost δ (``cost_model.py``, with the measured τ table ``GammaTable``).
+Speculation pays only while S > 1, and on large batches τ falls fast with γ (§4.1), so the best
+number of drafts k depends on batch size, context length and how well drafts are currently
+accepted. This module holds the online controller, pure (no SGLang): ``SpeculationController``
+keeps per-position acceptance estimates and returns the k with the highest predicted S, or 0
+(speculation off); the served step times of online calibration are ``step_times.py``.
 
 Online calibration (beyond the paper): an offline τ table times a bare forward, while a served
 step also pays the method's own work (masks, tree attention, acceptance), so the table can be
@@ -33,232 +29,12 @@ at intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep
 
 from __future__ import annotations
 
-import bisect
-import json
-import math
-from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from numbers import Integral
-from pathlib import Path
-from typing import Protocol
 
-
-def predicted_speedup(lam: float, tau: float, gamma: int, delta: float) -> float:
-    """Equation 1: ``lam * tau / (1 + gamma * delta * tau)``.
-
-    ``gamma`` is the number of drafts, ``tau`` is τ at the verification length of that step
-    (γ+1 for a chain; whatever the method feeds per request otherwise), ``lam`` the
-    acceptance length (>= 1, includes the bonus token) and ``delta`` = T_D / T(1).
-    """
-    if lam < 1 or tau <= 0 or gamma < 0 or delta < 0:
-        raise ValueError(
-            f"need lam >= 1, tau > 0, gamma >= 0, delta >= 0; got {lam=}, {tau=}, {gamma=}, {delta=}"
-        )
-    return lam * tau / (1.0 + gamma * delta * tau)
-
-
-# --- measured τ -----------------------------------------------------------------------------
-
-
-def _bracket(axis: Sequence[int], x: float) -> tuple[int, int, float]:
-    """Indices around ``x`` on a sorted axis and the weight of the upper one, in log space;
-    ``x`` outside the axis is clamped to its ends."""
-    if x <= axis[0]:
-        return 0, 0, 0.0
-    if x >= axis[-1]:
-        last = len(axis) - 1
-        return last, last, 0.0
-    hi = bisect.bisect_right(axis, x)
-    lo = hi - 1
-    weight = (math.log(x) - math.log(axis[lo])) / (math.log(axis[hi]) - math.log(axis[lo]))
-    return lo, hi, weight
-
-
-@dataclass(frozen=True)
-class GammaTable:
-    """τ on a full grid of batch sizes × context lengths × γ (tokens per request).
-
-    ``tau`` interpolates multilinearly in (log bs, log ctx, log γ) and clamps outside the grid.
-    Beyond the largest measured γ that clamp is optimistic (τ keeps falling), which is why the
-    controller refuses a cost model whose largest step exceeds ``max_gamma``.
-    """
-
-    batch_sizes: tuple[int, ...]
-    ctx_lens: tuple[int, ...]
-    gammas: tuple[int, ...]
-    values: Mapping[tuple[int, int, int], float] = field(repr=False)
-
-    def __post_init__(self) -> None:
-        for name in ("batch_sizes", "ctx_lens", "gammas"):
-            axis = getattr(self, name)
-            if not axis or list(axis) != sorted(set(axis)) or axis[0] < 1:
-                raise ValueError(f"GammaTable.{name} must be sorted, distinct and >= 1: {axis}")
-        missing = [
-            (b, c, g)
-            for b in self.batch_sizes
-            for c in self.ctx_lens
-            for g in self.gammas
-            if (b, c, g) not in self.values
-        ]
-        if missing:
-            raise ValueError(
-                f"GammaTable needs a full grid; missing (bs, ctx, gamma) {missing[:5]}"
-            )
-        bad = {k: v for k, v in self.values.items() if not (v > 0 and math.isfinite(v))}
-        if bad:
-            raise ValueError(f"GammaTable values must be positive and finite: {bad}")
-
-    @classmethod
-    def from_points(cls, points: Sequence[Mapping]) -> GammaTable:
-        """From ``{"batch_size", "ctx_len", "gamma", "tau"}`` records (the benchmark's points)."""
-        values = {
-            (int(p["batch_size"]), int(p["ctx_len"]), int(p["gamma"])): float(p["tau"])
-            for p in points
-        }
-        return cls(
-            batch_sizes=tuple(sorted({k[0] for k in values})),
-            ctx_lens=tuple(sorted({k[1] for k in values})),
-            gammas=tuple(sorted({k[2] for k in values})),
-            values=values,
-        )
-
-    @classmethod
-    def load(cls, path: str | Path) -> GammaTable:
-        """The JSON written by ``benchmarks/gamma_tolerance.py``."""
-        data = json.loads(Path(path).read_text())
-        if "points" not in data:
-            raise ValueError(f"{path}: no 'points' (not a gamma_tolerance.py result)")
-        return cls.from_points(data["points"])
-
-    @property
-    def max_gamma(self) -> int:
-        return self.gammas[-1]
-
-    def tau(self, batch_size: float, ctx_len: float, gamma: float) -> float:
-        brackets = [
-            _bracket(self.batch_sizes, batch_size),
-            _bracket(self.ctx_lens, ctx_len),
-            _bracket(self.gammas, gamma),
-        ]
-        axes = (self.batch_sizes, self.ctx_lens, self.gammas)
-        total = 0.0
-        for corner in range(8):
-            weight, key = 1.0, []
-            for axis_i, (lo, hi, w) in enumerate(brackets):
-                upper = (corner >> axis_i) & 1
-                weight *= w if upper else 1.0 - w
-                key.append(axes[axis_i][hi if upper else lo])
-            if weight:
-                total += weight * self.values[tuple(key)]
-        return total
-
-
-# --- cost of a step with k drafts -----------------------------------------------------------
-
-
-class StepCost(Protocol):
-    """How a method with k drafts uses the target: tokens per request in the verify forward
-    (the γ at which τ is read) and δ, the cost of one draft relative to T(1)."""
-
-    delta: float
-
-    def tokens_per_step(self, k: int) -> int: ...
-
-
-@dataclass(frozen=True)
-class MTPGatedLoRACost:
-    """MTP with gated LoRA (§4.3): k+1 anchors each followed by k masks, one forward, so
-    (k+1)² tokens per request and no separate drafter (δ = 0)."""
-
-    delta: float = 0.0
-
-    def tokens_per_step(self, k: int) -> int:
-        return (k + 1) ** 2
-
-
-@dataclass(frozen=True)
-class DrafterCost:
-    """A drafter-based chain (STANDALONE, EAGLE with topk 1): k drafts, verify k+1 tokens, and
-    each draft costs ``delta`` = T_D / T(1)."""
-
-    delta: float
-
-    def __post_init__(self) -> None:
-        if not (self.delta >= 0 and math.isfinite(self.delta)):
-            raise ValueError(f"DrafterCost.delta must be >= 0, got {self.delta}")
-
-    def tokens_per_step(self, k: int) -> int:
-        return k + 1
-
-
-# --- measured step times --------------------------------------------------------------------
-
-
-def batch_bucket(batch_size: int) -> int:
-    """Batch sizes share timing statistics per power of two (rounded in log space)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return round(math.log2(batch_size))
-
-
-@dataclass
-class StepTimes:
-    """Lower quartile of the last ``window`` served step seconds per (batch-size bucket, k)
-    (the smallest of 3, the 3rd smallest of 9); a value counts as measured once it has
-    ``min_samples`` observations. Noise only ever adds time: the first steps after start-up
-    (lazy initialisation) and bursts of host contention make steps several times slower. T(0)
-    and T(k) are sampled at different times, so a median still follows a burst that lasts
-    half a window -- measured here: a burst doubled the recent plain steps, T(0)/T(1) read
-    0.85 instead of 0.52, and k = 1 ran for 144 steps at 0.8x. A low quantile keeps the cost
-    of the step itself."""
-
-    window: int = 9
-    min_samples: int = 3
-    _samples: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
-    _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_samples <= self.window:
-            raise ValueError(
-                f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}"
-            )
-
-    def update(self, batch_size: int, k: int, seconds: float) -> None:
-        if not (seconds > 0 and math.isfinite(seconds)):
-            return  # a clock hiccup says nothing about cost
-        key = (batch_bucket(batch_size), k)
-        self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
-        self._counts[key] = self._counts.get(key, 0) + 1
-
-    def get(self, batch_size: int, k: int) -> float | None:
-        return self._get_bucket(batch_bucket(batch_size), k)
-
-    def count(self, batch_size: int, k: int) -> int:
-        return self._counts.get((batch_bucket(batch_size), k), 0)
-
-    def tau_from_smaller_batch(self, batch_size: int, k: int) -> float | None:
-        """T(0)/T(k) of the nearest smaller batch-size bucket where both are measured.
-
-        τ does not rise with batch size (a larger batch leaves less idle compute for the extra
-        tokens, seed paper §4.1), so this bounds τ(k) of ``batch_size``'s bucket from above
-        before that bucket has measured k itself."""
-        bucket = batch_bucket(batch_size)
-        below = sorted({b for b, j in self._samples if j == k and b < bucket}, reverse=True)
-        for b in below:
-            t0, tk = self._get_bucket(b, 0), self._get_bucket(b, k)
-            if t0 is not None and tk is not None:
-                return t0 / tk
-        return None
-
-    def _get_bucket(self, bucket: int, k: int) -> float | None:
-        if self._counts.get((bucket, k), 0) < self.min_samples:
-            return None
-        samples = sorted(self._samples[(bucket, k)])
-        return samples[(len(samples) - 1) // 4]
-
-
-# --- the controller -------------------------------------------------------------------------
+from sgl_spec.mtp.cost_model import GammaTable, StepCost, predicted_speedup
+from sgl_spec.mtp.step_times import StepTimes
 
 # While probes keep confirming that speculation does not pay, the wait between them doubles up
 # to this multiple of ``explore_every``; a step that speculates on merit resets it.

@@ -84,12 +84,8 @@ SWITCH_ON_MARGIN = 0.10
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
-    from sgl_spec.mtp.controller import (
-        ControllerConfig,
-        GammaTable,
-        MTPGatedLoRACost,
-        SpeculationController,
-    )
+    from sgl_spec.mtp.controller import ControllerConfig, SpeculationController
+    from sgl_spec.mtp.cost_model import GammaTable, MTPGatedLoRACost
 
     table = None
     if table_path is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sgl_spec.specblock.model import WEIGHTS_NAME
+from sgl_spec.specblock.config import WEIGHTS_NAME
 from sgl_spec.training.card import (
     field_table,
     md_table,

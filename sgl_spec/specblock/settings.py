@@ -43,7 +43,7 @@ def resolve_drafter_path(value: str | None) -> str:
 
 
 def read_drafter_config(path: str) -> Any:
-    from sgl_spec.specblock.model import CONFIG_NAME, SpecBlockConfig
+    from sgl_spec.specblock.config import CONFIG_NAME, SpecBlockConfig
 
     try:
         return SpecBlockConfig.from_dict(json.loads((Path(path) / CONFIG_NAME).read_text()))

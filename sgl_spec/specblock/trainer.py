@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from sgl_spec.models.data import batch_generator
+from sgl_spec.specblock.config import SpecBlockConfig
 from sgl_spec.specblock.data import aux_hidden_states
 from sgl_spec.specblock.layout import (
     block_labels,
@@ -31,7 +32,7 @@ from sgl_spec.specblock.layout import (
     sample_cuts,
 )
 from sgl_spec.specblock.losses import LossBreakdown, chain_loss, target_to_draft_map
-from sgl_spec.specblock.model import SpecBlockConfig, SpecBlockDrafter
+from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.training.loop import RunOptions, train_loop
 
 

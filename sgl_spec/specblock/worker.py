@@ -28,10 +28,11 @@ from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt_serving import OnlineAdapter
+from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
 from sgl_spec.specblock.info import SpecBlockDraftInput
-from sgl_spec.specblock.model import CheckpointError, SpecBlockDrafter
+from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import check_target_fit, load_settings
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
 from sgl_spec.verify.packing import accepted_path

@@ -123,3 +123,16 @@ def test_flags_doc_is_generated_from_the_config() -> None:
     assert (ROOT / "docs" / "flags.md").read_text() == generated, (
         "docs/flags.md is stale: python -m sgl_spec.config > docs/flags.md"
     )
+
+
+def test_patches_doc_is_generated_from_the_patches() -> None:
+    generated = subprocess.run(
+        [sys.executable, "-m", "sgl_spec.patches"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert (ROOT / "docs" / "patches.md").read_text() == generated, (
+        "docs/patches.md is stale: python -m sgl_spec.patches > docs/patches.md"
+    )

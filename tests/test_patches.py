@@ -3,6 +3,7 @@ implements the lossless multi-candidate rule (checked on constructed trees)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sgl_spec.config import ENV_VAR, SpecConfig
@@ -231,3 +232,25 @@ def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:  # noq
     assert patched("no_such_op_anywhere")(len) is len  # nothing registered, no error
     assert patched("rmsnorm_cpu")(len) == "registered"  # defined (ours or native): upstream
     assert seen == ["rmsnorm_cpu"]
+
+
+def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    import sgl_spec.patches as patches
+
+    def check() -> None:
+        raise RuntimeError("upstream_fn is gone")
+
+    fake = SimpleNamespace(
+        __name__="sgl_spec.patches.fake",
+        TARGET="sglang.srt.somewhere",
+        enabled=lambda config: True,
+        check=check,
+        apply=lambda: pytest.fail("applied despite a failed check"),
+    )
+    monkeypatch.setattr(patches, "all_patches", lambda: [fake])
+    with pytest.raises(patches.PatchMismatch, match=r"patch fake .* sglang\.srt\.somewhere"):
+        patches.apply_patches(SpecConfig())
+    monkeypatch.setattr(fake, "enabled", lambda config: False)
+    assert patches.apply_patches(SpecConfig()) == []  # a disabled patch is not checked

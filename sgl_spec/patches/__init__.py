@@ -1,9 +1,14 @@
-"""Upstream behaviour changes that subclassing and the registration API cannot express.
+"""Every change sgl-spec makes to upstream SGLang's behaviour, listed and applied in one place.
 
-One module per upstream target; each names the SGLang function it changes in ``TARGET``,
-says whether our config wants it (``enabled(config)``), checks that the pinned SGLang still has
-the shape it expects (``check()``) and applies itself (``apply()``). ``tests/test_patches.py`` runs every ``check()`` so an upstream change fails
-loudly instead of silently disabling a fix.
+One module per upstream target; each names the SGLang module it changes in ``TARGET``, says
+why in its docstring, says whether our config wants it (``enabled(config)``), checks that the
+installed SGLang still has the shape it was written against (``check()``; ``SGLANG_VERSION``)
+and applies itself (``apply()``). ``apply_patches`` runs each enabled patch's check first and
+refuses to start, naming the patch, on an SGLang whose patched code differs.
+``docs/patches.md`` is generated from these modules (``python -m sgl_spec.patches``).
+
+The one change that cannot wait for the plugin: ``sgl_spec/cpu_kernels/boot.py``, installed as a
+``.pth`` start-up hook, because SGLang imports ``sgl_kernel`` before any plugin runs.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import logging
 from sgl_spec.config import SpecConfig
 
 logger = logging.getLogger(__name__)
+
+# The SGLang release every patch's check() was written against (pyproject pins it).
+SGLANG_VERSION = "0.5.23"
 
 
 # Every patch module, in the order they are applied.
@@ -32,11 +40,64 @@ def all_patches() -> list:
     return [importlib.import_module(f"sgl_spec.patches.{name}") for name in PATCHES]
 
 
+class PatchMismatch(RuntimeError):
+    """The installed SGLang differs where a patch changes it."""
+
+
+def installed_sglang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def apply_patches(config: SpecConfig) -> list[str]:
     applied: list[str] = []
     for patch in all_patches():
-        if patch.enabled(config) and patch.apply():
-            applied.append(patch.__name__.rsplit(".", 1)[-1])
+        if not patch.enabled(config):
+            continue
+        name = patch.__name__.rsplit(".", 1)[-1]
+        try:
+            patch.check()
+        except Exception as exc:
+            raise PatchMismatch(
+                f"sgl-spec: patch {name} was written for SGLang {SGLANG_VERSION}, and the"
+                f" installed SGLang {installed_sglang_version()} differs where it changes"
+                f" {patch.TARGET}: {exc}. Install sglang=={SGLANG_VERSION}."
+            ) from exc
+        if patch.apply():
+            applied.append(name)
     if applied:
         logger.info("sgl_spec: applied patches %s", ", ".join(applied))
     return applied
+
+
+def patches_markdown() -> str:
+    """``docs/patches.md``: every upstream change, from the patch modules themselves."""
+    lines = [
+        "# Changes to upstream SGLang",
+        "",
+        f"Written and checked against SGLang {SGLANG_VERSION}. Generated from"
+        " `sgl_spec/patches/` (`python -m sgl_spec.patches > docs/patches.md`). Each patch's"
+        " `check()` runs before it is applied, and the server refuses to start if the installed"
+        " SGLang differs where the patch changes it; `tests/test_patches.py` runs every check.",
+        "",
+        "| patch | upstream target | what and why |",
+        "| --- | --- | --- |",
+    ]
+    for patch in all_patches():
+        targets = patch.TARGET if isinstance(patch.TARGET, tuple) else (patch.TARGET,)
+        summary = " ".join(patch.__doc__.split("\n\n")[0].split()).removeprefix("Patch: ")
+        summary = summary[:1].upper() + summary[1:]
+        name = patch.__name__.rsplit(".", 1)[-1]
+        lines.append(f"| `{name}` | {', '.join(f'`{t}`' for t in targets)} | {summary} |")
+    lines.append(
+        "| `cpu_kernels/boot.py` (start-up hook) | `sgl_kernel.load_utils`,"
+        " `sglang.srt.utils.common.cpu_has_amx_support` | Lets the published `sgl_kernel`"
+        " import where its compiled library cannot load, registering our PyTorch ops in its"
+        " place, and lets SGLang's CPU kernel paths run on CPUs without AMX. Installed as a"
+        " `.pth` hook because SGLang imports `sgl_kernel` before any plugin runs. |"
+    )
+    return "\n".join(lines) + "\n"

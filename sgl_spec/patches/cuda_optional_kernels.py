@@ -25,6 +25,7 @@ from sgl_spec.config import SpecConfig
 
 DUAL_GEMM = "sglang.srt.layers.dual_gemm"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+TARGET = (DUAL_GEMM, EAGLE_UTILS)
 _SAMPLING_NAMES = (
     "tree_speculative_sampling_target_only",
     "top_k_renorm_prob",

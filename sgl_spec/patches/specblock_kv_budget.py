@@ -11,8 +11,8 @@ budget SGLang would have given the target alone. ``--max-total-tokens`` still wi
 skips the budget), as it does for SGLang's own draft pools.
 
 MINEDRAFT hosting a SpecBlock drafter (``--minedraft-drafter specblock``) keeps one row of the
-target's (low, mid, top) features per target KV location instead (``MineDraftWorker.
-feature_pool``); those bytes are counted the same way.
+target's (low, mid, top) features per target KV location instead (``TargetFeatureCache`` in
+``minedraft/feature_cache.py``); those bytes are counted the same way.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import torch
 
 from sgl_spec.cpu_kernels.tree_ops import accept_greedy_path, first_child_and_next_sibling
 from sgl_spec.specblock.tree import (
-    BUCKET_MAP_DEFAULT,
     BUCKET_MAP_FALLBACK,
     BlockProposal,
     Start,
@@ -39,7 +38,6 @@ def test_bucket_maps_give_paper_widths():
     buckets = torch.tensor([[0, 1, 2, 3]])
     assert branch_widths(buckets).tolist() == [[2, 4, 10, 0]]
     assert branch_widths(buckets, BUCKET_MAP_FALLBACK).tolist() == [[2, 4, 6, 4]]
-    assert BUCKET_MAP_DEFAULT == (2, 4, 10, 0)
     with pytest.raises(ValueError, match="4 widths"):
         branch_widths(buckets, (2, 4, 10))
 

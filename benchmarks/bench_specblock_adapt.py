@@ -76,7 +76,7 @@ def build_stream(num_prompts: int, prompt_chars: int, seed: int = 0) -> list[str
     return prompts
 
 
-def serve_stream(flags: list[str], prompts: list[str], args: argparse.Namespace, log: Path):  # noqa: ANN201
+def serve_stream(flags: list[str], prompts: list[str], args: argparse.Namespace, log: Path):
     """Per query: (output ids, acceptance length, completion time) and the log's last metrics."""
     server = ServerProcess(flags, pick_port(), log)
     try:

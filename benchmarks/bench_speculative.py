@@ -153,7 +153,7 @@ def measure(
         max_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)
         run.update(run_greedy(server.url, prompts, max_new_tokens, args.timeout))
         run.update(pick_accept_length(run["bench_accept_length"], run["greedy_accept_length"]))
-    except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
+    except Exception as exc:
         run["error"] = f"{stage}: {type(exc).__name__}: {exc}"
         if server.proc.poll() is not None:
             run["error"] += (
@@ -187,7 +187,7 @@ def run_algorithm(
         return measure_hf(algorithm, args, extra, work)
     try:
         server = start_server(algorithm, pick_port(args.port_base + index), args, extra, work)
-    except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
+    except Exception as exc:
         print(f"[{algorithm}] FAILED: server start: {exc}", file=sys.stderr, flush=True)
         return {"algorithm": algorithm, "log_dir": str(work), "error": f"server start: {exc}"}
     try:
@@ -225,7 +225,7 @@ def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -
             port = pick_port(args.port_base + PORT_STRIDE * i)
             try:
                 servers[name] = start_server(name, port, args, interleave_flags(extra), work)
-            except Exception as exc:  # noqa: BLE001 - the other algorithms still run
+            except Exception as exc:
                 failed[name] = f"server start: {exc}"
                 print(f"[{name}] FAILED: {failed[name]}", file=sys.stderr, flush=True)
         for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):

@@ -71,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # ---- one model, in its own process ----------------------------------------------------------
 
 
-def _load_runner(model_path: str, args: argparse.Namespace):  # noqa: ANN202
+def _load_runner(model_path: str, args: argparse.Namespace):
     from gamma_tolerance import load_runner, prepare_environment
 
     ns = argparse.Namespace(
@@ -82,7 +82,7 @@ def _load_runner(model_path: str, args: argparse.Namespace):  # noqa: ANN202
     return load_runner(ns)
 
 
-def _decode_batch(runner, batch):  # noqa: ANN001, ANN202
+def _decode_batch(runner, batch):
     """A DECODE ForwardBatch of one new token per request of ``batch`` (its extend done)."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import (
@@ -113,7 +113,7 @@ def _decode_batch(runner, batch):  # noqa: ANN001, ANN202
     return fb, locs
 
 
-def _served_forward(runner, reqs, ctx: int, n: int):  # noqa: ANN001, ANN202
+def _served_forward(runner, reqs, ctx: int, n: int):
     """Time one served forward of ``n`` new tokens per request; frees its KV slots."""
     from gamma_tolerance import build_extend, time_forward
 
@@ -130,7 +130,7 @@ def _served_forward(runner, reqs, ctx: int, n: int):  # noqa: ANN001, ANN202
     return elapsed
 
 
-def _bare_model(model_path: str):  # noqa: ANN202
+def _bare_model(model_path: str):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -138,7 +138,7 @@ def _bare_model(model_path: str):  # noqa: ANN202
     return model.eval()
 
 
-def _bare_forward(model, cache, ids, ctx: int) -> float:  # noqa: ANN001
+def _bare_forward(model, cache, ids, ctx: int) -> float:
     """Time the HF forward of ``ids`` [bs, n] on ``cache`` (ctx tokens); crop back after."""
     import torch
 

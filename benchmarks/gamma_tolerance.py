@@ -210,7 +210,7 @@ def prepare_environment(args: argparse.Namespace) -> None:
         args.attention_backend = args.attention_backend or "intel_amx"
 
 
-def load_runner(args: argparse.Namespace):  # noqa: ANN201  (SGLang's ModelRunner wrapper)
+def load_runner(args: argparse.Namespace):
     """SGLang's ModelRunner built the way ``sglang.benchmark.one_batch`` builds it."""
     from sglang.benchmark import one_batch
     from sglang.srt.entrypoints.engine import _set_envs_and_config
@@ -254,7 +254,7 @@ def load_runner(args: argparse.Namespace):  # noqa: ANN201  (SGLang's ModelRunne
     return runner
 
 
-def make_reqs(bs: int, ctx: int, max_gamma: int, rng, all_logits: bool) -> list:  # noqa: ANN001
+def make_reqs(bs: int, ctx: int, max_gamma: int, rng, all_logits: bool) -> list:
     from array import array
 
     from sglang.srt.managers.schedule_batch import Req
@@ -277,7 +277,7 @@ def make_reqs(bs: int, ctx: int, max_gamma: int, rng, all_logits: bool) -> list:
     return reqs
 
 
-def build_extend(runner, reqs: list, start: int, end: int):  # noqa: ANN001, ANN201
+def build_extend(runner, reqs: list, start: int, end: int):
     """ScheduleBatch + ForwardBatch extending every request from ``start`` to ``end`` tokens."""
     from sglang.benchmark.one_batch import TreeCacheNamespace, _maybe_prepare_mlp_sync_batch
     from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -315,7 +315,7 @@ def synchronize(device: str) -> None:
     torch.get_device_module(device).synchronize()
 
 
-def time_forward(runner, forward_batch) -> float:  # noqa: ANN001
+def time_forward(runner, forward_batch) -> float:
     import torch
 
     with torch.no_grad():
@@ -326,7 +326,7 @@ def time_forward(runner, forward_batch) -> float:  # noqa: ANN001
         return time.perf_counter() - tic
 
 
-def measure(runner, args: argparse.Namespace) -> list[dict]:  # noqa: ANN001
+def measure(runner, args: argparse.Namespace) -> list[dict]:
     import random
 
     import torch

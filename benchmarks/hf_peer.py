@@ -134,7 +134,7 @@ def measure_peer(
         run.update(run_worker_process(peer_spec(name, args, extra, greedy, greedy_new), work,
                                       args.timeout))  # fmt: skip
         run["peer"]["server_max_concurrency"] = args.max_concurrency
-    except Exception as exc:  # noqa: BLE001 - one failed run must not stop the others
+    except Exception as exc:
         run["error"] = f"hf peer: {type(exc).__name__}: {exc}"
         print(f"[{name}] FAILED: {run['error']}", file=sys.stderr, flush=True)
     return run

@@ -28,20 +28,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_specblock_adapt import build_stream  # noqa: E402
+from bench_specblock_adapt import build_stream
 
-from sgl_spec.models.evaluate import greedy_continuation  # noqa: E402
-from sgl_spec.models.registry import resolve_model_path  # noqa: E402
-from sgl_spec.specblock.adapt import Action, AdaptConfig  # noqa: E402
-from sgl_spec.specblock.adapt_train import (  # noqa: E402
+from sgl_spec.models.evaluate import greedy_continuation
+from sgl_spec.models.registry import resolve_model_path
+from sgl_spec.specblock.adapt import Action, AdaptConfig
+from sgl_spec.specblock.adapt_train import (
     DrafterCopies,
     TrainExample,
     cut_windows,
 )
-from sgl_spec.specblock.data import aux_hidden_states  # noqa: E402
-from sgl_spec.specblock.evaluate import chain_acceptance  # noqa: E402
-from sgl_spec.specblock.model import SpecBlockDrafter  # noqa: E402
-from sgl_spec.training.cli import load_frozen_target  # noqa: E402
+from sgl_spec.specblock.data import aux_hidden_states
+from sgl_spec.specblock.evaluate import chain_acceptance
+from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.training.cli import load_frozen_target
 
 
 def query_examples(

@@ -49,7 +49,7 @@ class ServerProcess:
         self.log_path = log_path
         launcher = [sys.executable, "-m", "sgl_spec.launch_server"]
         self.cmd = [*launcher, "--host", HOST, "--port", str(port), *flags]
-        self._log = open(log_path, "w")  # noqa: SIM115
+        self._log = open(log_path, "w")
         self._log.write(shlex.join(self.cmd) + "\n")
         self._log.flush()
         self.proc = subprocess.Popen(

@@ -20,7 +20,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:  # noqa: ANN001
+def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:
     """A SpecBlock drafter trained for the tiny target (``train_specblock_drafter``), built
     once: SPECBLOCK's and MINEDRAFT's serving tests both draft with it."""
     from tiny_models import train_specblock_drafter
@@ -31,7 +31,7 @@ def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:  # noqa: ANN0
 
 
 @pytest.fixture(scope="session")
-def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:  # noqa: ANN001
+def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:
     """Greedy token ids of the non-speculative server on the tiny target, computed once per
     session (short and long prompts; max 48 new tokens), then the server is stopped."""
     from lossless import LONG_PROMPTS, PROMPTS

@@ -160,7 +160,7 @@ def sample_pairs_from_law(
 
 
 def assert_speculative_sampling_law(
-    server,  # noqa: ANN001 -- server_utils.Server
+    server,
     input_ids: list[int],
     law: dict[tuple[int, ...], float],
     *,
@@ -195,7 +195,7 @@ def assert_speculative_sampling_law(
 
 
 def assert_three_token_law(
-    server,  # noqa: ANN001 -- server_utils.Server
+    server,
     target_dir: Path,
     input_ids: list[int],
     *,
@@ -217,7 +217,7 @@ def assert_three_token_law(
     )
 
 
-def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> float:  # noqa: ANN001
+def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> float:
     """Greedy ids equal the non-speculative server's (``baseline_greedy``) for ``PROMPTS`` in one
     batched request and ``LONG_PROMPTS`` sent as separate requests at once; every request was
     verified. Returns the mean ``spec_accept_length``."""

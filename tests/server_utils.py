@@ -96,7 +96,7 @@ def start_bench_serving(
         input_len=length, output_len=length, num_prompts=num_prompts, max_concurrency=concurrency
     )
     argv = [*bench_serving_argv(server.port, load, str(tokenizer), out_file), "--output-details"]
-    log = open(out_file.with_suffix(".log"), "w")  # noqa: SIM115 -- lives as long as the run
+    log = open(out_file.with_suffix(".log"), "w")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 

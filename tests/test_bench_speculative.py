@@ -29,7 +29,7 @@ RUN_KEYS = {
 HOST_KEYS = {"cpu_count", "cpu_model", "torch_version", "sglang_version", "device"}
 
 
-def fake_run(algorithm: str, throughput: float, ids: list[list[int]], accept=None) -> dict:  # noqa: ANN001
+def fake_run(algorithm: str, throughput: float, ids: list[list[int]], accept=None) -> dict:
     return {
         "algorithm": algorithm,
         "output_throughput": throughput,
@@ -89,8 +89,8 @@ def test_bad_command_lines_are_refused(argv: list[str], message: str) -> None:
     assert message in str(info.value)
 
 
-def test_unknown_algorithm_fails_before_any_server(monkeypatch, capsys) -> None:  # noqa: ANN001
-    def no_server(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+def test_unknown_algorithm_fails_before_any_server(monkeypatch, capsys) -> None:
+    def no_server(*_args, **_kwargs):
         raise AssertionError("a server was started")
 
     monkeypatch.setattr(bench, "ServerProcess", no_server)
@@ -101,12 +101,12 @@ def test_unknown_algorithm_fails_before_any_server(monkeypatch, capsys) -> None:
 
 
 @pytest.fixture
-def own_algorithms(monkeypatch):  # noqa: ANN001, ANN201
+def own_algorithms(monkeypatch):
     """Variants register into ALGORITHMS: give each test its own copy."""
     monkeypatch.setattr(lib, "ALGORITHMS", dict(lib.ALGORITHMS))
 
 
-def test_variant_adds_flags_to_its_base_and_overrides_its_defaults(own_algorithms) -> None:  # noqa: ANN001
+def test_variant_adds_flags_to_its_base_and_overrides_its_defaults(own_algorithms) -> None:
     args, extra = lib.parse_args(
         ["--algorithms", "none,specblock,sb-n8,k1-m4",
          "--variant", "sb-n8=specblock --specblock-max-nodes 8",
@@ -124,7 +124,7 @@ def test_variant_adds_flags_to_its_base_and_overrides_its_defaults(own_algorithm
     assert lib.server_flags(plain, ["--model-path", "M"])[-2:] == ["--max-running-requests", "2"]
 
 
-def test_variant_sets_environment_for_its_server_only(own_algorithms) -> None:  # noqa: ANN001
+def test_variant_sets_environment_for_its_server_only(own_algorithms) -> None:
     name = lib.register_variant("one-core=standalone-1core SGLSPEC_X=0 A_B=x=y --dtype float16")
     spec = lib.ALGORITHMS[name]
     assert spec.env == (("SGLANG_CPU_OMP_THREADS_BIND", "0"), ("SGLSPEC_X", "0"), ("A_B", "x=y"))
@@ -146,13 +146,13 @@ def test_variant_sets_environment_for_its_server_only(own_algorithms) -> None:  
         ("x=specblock --specblock-m '1", "quotation"),
     ],
 )
-def test_bad_variants_are_refused(own_algorithms, variant: str, message: str) -> None:  # noqa: ANN001
+def test_bad_variants_are_refused(own_algorithms, variant: str, message: str) -> None:
     with pytest.raises(lib.BenchError) as info:
         lib.parse_args(["--algorithms", "none", "--variant", variant])
     assert message in str(info.value)
 
 
-def test_variant_flags_cannot_also_be_passed_to_every_server(own_algorithms) -> None:  # noqa: ANN001
+def test_variant_flags_cannot_also_be_passed_to_every_server(own_algorithms) -> None:
     with pytest.raises(lib.BenchError, match="set by --algorithms"):
         lib.parse_args(
             ["--algorithms", "none,x", "--variant", "x=specblock --specblock-m 1",
@@ -341,7 +341,7 @@ def test_specblock_k1_uses_the_k1_drafter_at_the_same_depth() -> None:
     assert mine.count("--specblock-m") == 1 and mine[mine.index("--specblock-m") + 1] == "4"
 
 
-def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> None:
     fakes = {
         "none": fake_run("none", 10.0, [[1]]),
         "standalone": {"algorithm": "standalone", "error": "x"},
@@ -358,7 +358,7 @@ def test_main_writes_json_and_fails_when_a_run_failed(monkeypatch, tmp_path) -> 
     assert bench.main(argv) == 0
 
 
-def test_rounds_alternate_order_and_take_the_median(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_rounds_alternate_order_and_take_the_median(monkeypatch, tmp_path) -> None:
     assert lib.round_orders(["a", "b", "c"], 3) == [
         ["a", "b", "c"],
         ["c", "b", "a"],
@@ -366,7 +366,7 @@ def test_rounds_alternate_order_and_take_the_median(monkeypatch, tmp_path) -> No
     ]
     visits, speed = [], {"none": iter([10.0, 14.0, 12.0]), "standalone": iter([30.0, 20.0, 22.0])}
 
-    def fake(index: int, name: str, *_args) -> dict:  # noqa: ANN002
+    def fake(index: int, name: str, *_args) -> dict:
         visits.append((index, name))
         return fake_run(name, next(speed[name]), [[1, 2]], None if name == "none" else 2.0)
 
@@ -428,25 +428,25 @@ def test_interleave_needs_a_pool_cap_and_sleeps_idle_servers() -> None:
 
 
 class FakeServer:
-    def __init__(self, name: str, log: list) -> None:  # noqa: ANN001
+    def __init__(self, name: str, log: list) -> None:
         self.name, self.log = name, log
 
     def stop(self) -> None:
         self.log.append(("stop", self.name))
 
 
-def test_interleave_starts_each_server_once_and_drives_them_in_turn(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_interleave_starts_each_server_once_and_drives_them_in_turn(monkeypatch, tmp_path) -> None:
     log: list = []
     speed = {"none": iter([10.0, 5.0, 10.0]), "mtp_lora_auto": iter([10.0, 5.0, 9.0])}
 
-    def fake_start(name: str, port: int, args, extra, work) -> FakeServer:  # noqa: ANN001
+    def fake_start(name: str, port: int, args, extra, work) -> FakeServer:
         assert "--sleep-on-idle" in extra and work.is_dir()
         if name == "standalone":
             raise RuntimeError("no draft model")
         log.append(("start", name))
         return FakeServer(name, log)
 
-    def fake_measure(server: FakeServer, name: str, args, extra, work) -> dict:  # noqa: ANN001
+    def fake_measure(server: FakeServer, name: str, args, extra, work) -> dict:
         assert server.name == name and "--sleep-on-idle" not in extra
         log.append(("measure", name, work.name))
         return fake_run(name, next(speed[name]), [[1]])
@@ -477,11 +477,11 @@ def test_interleave_starts_each_server_once_and_drives_them_in_turn(monkeypatch,
     assert auto["greedy_equal_baseline"] is True
 
 
-def test_interleave_stops_every_server_when_a_round_raises(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_interleave_stops_every_server_when_a_round_raises(monkeypatch, tmp_path) -> None:
     log: list = []
     monkeypatch.setattr(bench, "start_server", lambda name, *_: FakeServer(name, log))
 
-    def interrupted(*_args) -> dict:  # noqa: ANN002
+    def interrupted(*_args) -> dict:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench, "measure", interrupted)
@@ -500,7 +500,7 @@ def lib_assemble(algorithms: list[str], runs: list[dict]) -> dict:
 
 
 @pytest.mark.server
-def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:  # noqa: ANN001
+def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:
     out = tmp_path / "out.json"
     cmd = [
         sys.executable, str(REPO / "benchmarks" / "bench_speculative.py"),
@@ -541,7 +541,7 @@ def test_none_without_model_path_names_the_default_target() -> None:
     assert lib.server_flags("none", ["--model-path", "m"]) == ["--model-path", "m"]
 
 
-def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:  # noqa: ANN001
+def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:
     import os
 
     line = (

@@ -65,7 +65,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
     )
 
 
-def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:  # noqa: ANN001
+def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:
     """SGLang's ``--dtype auto`` would halve a float32 checkpoint to float16; on CPU the launcher
     keeps float32 unless the user chose, and leaves other checkpoints to ``auto``."""
     import json
@@ -130,7 +130,7 @@ def test_model_defaults_fill_only_what_is_missing() -> None:
     assert flag_value(plain, "--speculative-algorithm") is None
 
 
-def test_bad_model_path_names_the_flag(tmp_path) -> None:  # noqa: ANN001
+def test_bad_model_path_names_the_flag(tmp_path) -> None:
     from sgl_spec.model_defaults import prepare_model_args
 
     with pytest.raises(ConfigError, match="--speculative-draft-model-path"):
@@ -234,7 +234,7 @@ def test_minedraft_defaults_and_launch_checks() -> None:
         check_launch_args(SpecConfig(speculative_draft_device="cpu:1"), ["--device", "cpu"])
 
 
-def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:  # noqa: ANN001
+def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:
     from sgl_spec.model_defaults import prepare_model_args
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 

@@ -22,7 +22,7 @@ CTX_LENS = (128, 1024)
 GAMMAS = (1, 2, 4, 8, 16, 25)
 
 
-def table_of(tau_fn, gammas=GAMMAS) -> GammaTable:  # noqa: ANN001
+def table_of(tau_fn, gammas=GAMMAS) -> GammaTable:
     points = [
         {"batch_size": b, "ctx_len": c, "gamma": g, "tau": tau_fn(b, c, g)}
         for b in BATCH_SIZES
@@ -38,7 +38,7 @@ MEMORY_BOUND = table_of(lambda b, c, g: 1.0)
 MODERATE = table_of(lambda b, c, g: g**-0.25)
 
 
-def controller(table: GammaTable, cost=None, **config) -> SpeculationController:  # noqa: ANN001
+def controller(table: GammaTable, cost=None, **config) -> SpeculationController:
     return SpeculationController(table, cost or MTPGatedLoRACost(), ControllerConfig(**config))
 
 
@@ -55,14 +55,14 @@ def controller(table: GammaTable, cost=None, **config) -> SpeculationController:
         (1.0, 1.0, 0, 0.7, 1.0),  # no drafts: S = 1
     ],
 )
-def test_equation_1_matches_hand_computed(lam, tau, gamma, delta, expected) -> None:  # noqa: ANN001
+def test_equation_1_matches_hand_computed(lam, tau, gamma, delta, expected) -> None:
     assert predicted_speedup(lam, tau, gamma, delta) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
     "args", [(0.9, 1.0, 1, 0.0), (2.0, 0.0, 1, 0.0), (2.0, 1.0, -1, 0.0), (2.0, 1.0, 1, -0.1)]
 )
-def test_equation_1_rejects_out_of_domain(args) -> None:  # noqa: ANN001
+def test_equation_1_rejects_out_of_domain(args) -> None:
     with pytest.raises(ValueError):
         predicted_speedup(*args)
 
@@ -119,7 +119,7 @@ def test_table_needs_a_full_valid_grid() -> None:
         GammaTable.from_points(points)
 
 
-def test_table_loads_the_benchmark_json(tmp_path) -> None:  # noqa: ANN001
+def test_table_loads_the_benchmark_json(tmp_path) -> None:
     points = [
         {"batch_size": b, "ctx_len": 64, "gamma": g, "median_ms": 1.0 + g, "tau": 2.0 / (1 + g)}
         for b in (1, 4)
@@ -157,7 +157,7 @@ def test_acceptance_length_from_per_position_alphas() -> None:
 
 @pytest.mark.parametrize("cost", [MTPGatedLoRACost(), DrafterCost(0.0), DrafterCost(0.2)])
 @pytest.mark.parametrize("bs", [1, 16, 128, 1000])
-def test_compute_bound_turns_speculation_off(cost, bs: int) -> None:  # noqa: ANN001
+def test_compute_bound_turns_speculation_off(cost, bs: int) -> None:
     ctrl = controller(COMPUTE_BOUND, cost, alpha_prior=0.95, explore_every=0)
     decision = ctrl.decide(bs, 512)
     assert decision.k == 0
@@ -293,7 +293,7 @@ def step_seconds(k: int, bs: int) -> float:
     return 0.001 * bs * (k + 1) ** 2
 
 
-def run(ctrl: SpeculationController, bs: int, steps: int, seconds=step_seconds) -> list:  # noqa: ANN001
+def run(ctrl: SpeculationController, bs: int, steps: int, seconds=step_seconds) -> list:
     decisions = []
     for _ in range(steps):
         decision = ctrl.decide(bs, 256)

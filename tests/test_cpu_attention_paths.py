@@ -79,7 +79,7 @@ def _tree(n: int, gen: torch.Generator) -> torch.Tensor:
     return mask
 
 
-def run_extend(fn, case: Case, *, tree: bool, pass_kv: bool = True, **kw) -> torch.Tensor:  # noqa: ANN001
+def run_extend(fn, case: Case, *, tree: bool, pass_kv: bool = True, **kw) -> torch.Tensor:
     out = torch.full((case.q.shape[0], case.q.shape[1], case.v_buf.shape[2]), float("nan"))
     bs = len(case.prefix)
     fn(
@@ -109,7 +109,7 @@ def run_extend(fn, case: Case, *, tree: bool, pass_kv: bool = True, **kw) -> tor
     return out
 
 
-def run_decode(fn, case: Case, q: torch.Tensor, pool_rows: list[int], lens: list[int], **kw):  # noqa: ANN001, ANN201
+def run_decode(fn, case: Case, q: torch.Tensor, pool_rows: list[int], lens: list[int], **kw):
     """Decode of ``q`` [bs, H, D]; request ``i`` reads ``req_to_token[pool_rows[i]]``."""
     out = torch.full((q.shape[0], q.shape[1], case.v_buf.shape[2]), float("nan"))
     loc = torch.zeros(q.shape[0], dtype=torch.int64)
@@ -281,7 +281,7 @@ def test_empty_batches_are_no_ops() -> None:
 
 
 @pytest.mark.parametrize("saved", [True, False])
-def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, saved: bool) -> None:  # noqa: ANN001
+def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, saved: bool) -> None:
     """One request whose keys sit in consecutive pool rows: decode and extend read the pool
     in place (no gather) and agree with the gathering path; extend K/V that the pool does not
     hold (``saved=False``) are used as given, never replaced by the pool's rows."""
@@ -298,7 +298,7 @@ def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, sav
     views = []
     original = paged_kv.pool_view
 
-    def counting(*args):  # noqa: ANN002, ANN202
+    def counting(*args):
         view = original(*args)
         views.append(view is not None)
         return view

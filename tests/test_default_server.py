@@ -11,13 +11,13 @@ HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        ret
 
 
 @pytest.fixture(scope="module")
-def default_server(tmp_path_factory):  # noqa: ANN001, ANN201
+def default_server(tmp_path_factory):
     server = Server([], tmp_path_factory.mktemp("logs") / "default.log")
     yield server
     server.stop()
 
 
-def test_default_server_speculates_on_shipped_models(default_server) -> None:  # noqa: ANN001
+def test_default_server_speculates_on_shipped_models(default_server) -> None:
     out = default_server.generate(
         {"text": HELD_OUT_PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
     )
@@ -29,7 +29,7 @@ def test_default_server_speculates_on_shipped_models(default_server) -> None:  #
     assert any(ch.isalpha() for ch in text)
 
 
-def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
+def test_default_server_chat_template(default_server) -> None:
     import requests
 
     resp = requests.post(
@@ -46,13 +46,13 @@ def test_default_server_chat_template(default_server) -> None:  # noqa: ANN001
 
 
 @pytest.mark.server
-def test_invalid_prompts_rejected_server_keeps_serving(default_server) -> None:  # noqa: ANN001
+def test_invalid_prompts_rejected_server_keeps_serving(default_server) -> None:
     """STANDALONE (no flags): empty and out-of-vocabulary prompts get a 400, not a crash."""
     assert_invalid_prompts_rejected(default_server.url)
 
 
 @pytest.fixture(scope="module")
-def reference(default_server) -> dict:  # noqa: ANN001
+def reference(default_server) -> dict:
     """The default server's greedy continuation of the held-out prompt; the server is then
     stopped (one server at a time on a small host)."""
     params = {"temperature": 0, "max_new_tokens": 64}
@@ -61,7 +61,7 @@ def reference(default_server) -> dict:  # noqa: ANN001
     return out
 
 
-def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:  # noqa: ANN001
+def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:
     server = Server(["--speculative-algorithm", algorithm, *extra], log_path)
     try:
         params = {"temperature": 0, "max_new_tokens": 64}
@@ -70,7 +70,7 @@ def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:  # noqa
         server.stop()
 
 
-def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:
     """`--speculative-algorithm SPECBLOCK` alone: the shipped target and the shipped SpecBlock
     drafter, whose drafts are accepted; greedy output equals the (lossless) default server's."""
     out = _only_algorithm_flag("SPECBLOCK", tmp_path / "specblock.log")
@@ -78,7 +78,7 @@ def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: AN
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
 
 
-def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:
     """`--speculative-algorithm MINEDRAFT` alone: the shipped draft model in a draft server on
     its own core (cpu:1); greedy output equals the default server's, drafts are accepted."""
     out = _only_algorithm_flag("MINEDRAFT", tmp_path / "minedraft.log")
@@ -86,7 +86,7 @@ def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: AN
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
 
 
-def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) -> None:  # noqa: ANN001
+def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) -> None:
     """`--minedraft-drafter specblock` on the shipped target: the shipped SpecBlock drafter in
     the draft server, fed the target's features; drafts accepted, greedy output unchanged."""
     log = tmp_path / "minedraft_specblock.log"

@@ -57,7 +57,7 @@ def test_summarize_and_tau() -> None:
         (["--batch-sizes", "0,2"], "integers >= 1"),
     ],
 )
-def test_bad_flags_are_refused(argv: list[str], message: str, capsys) -> None:  # noqa: ANN001
+def test_bad_flags_are_refused(argv: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
     assert message in capsys.readouterr().err

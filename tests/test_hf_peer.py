@@ -76,7 +76,7 @@ def test_peers_are_algorithms_without_a_server() -> None:
     assert set(hf_peer.ASSISTED) == {n for n, a in lib.ALGORITHMS.items() if a.peer}
 
 
-def test_a_peer_cannot_be_a_variant_base(monkeypatch) -> None:  # noqa: ANN001
+def test_a_peer_cannot_be_a_variant_base(monkeypatch) -> None:
     monkeypatch.setattr(lib, "ALGORITHMS", dict(lib.ALGORITHMS))
     with pytest.raises(lib.BenchError, match="runs no server"):
         lib.parse_args(["--algorithms", "none", "--variant", "x=hf --dtype float32"])
@@ -153,12 +153,12 @@ def test_comparison_names_the_fastest_server_and_the_concurrency() -> None:
 # --- failures and the two modes -----------------------------------------------------------
 
 
-def failing_worker(monkeypatch) -> None:  # noqa: ANN001
+def failing_worker(monkeypatch) -> None:
     code = "import sys; print('worker boom'); sys.exit(3)"
     monkeypatch.setattr(hf_peer, "worker_argv", lambda *_: [sys.executable, "-c", code])
 
 
-def test_a_failing_worker_becomes_the_runs_error(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_a_failing_worker_becomes_the_runs_error(monkeypatch, tmp_path) -> None:
     failing_worker(monkeypatch)
     args, extra = lib.parse_args(["--algorithms", "hf", "--num-prompts", "2"])
     run = bench.measure_hf("hf", args, extra, tmp_path / "w")
@@ -169,15 +169,15 @@ def test_a_failing_worker_becomes_the_runs_error(monkeypatch, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-def test_a_failing_peer_does_not_stop_the_servers(monkeypatch, tmp_path, interleave) -> None:  # noqa: ANN001
+def test_a_failing_peer_does_not_stop_the_servers(monkeypatch, tmp_path, interleave) -> None:
     failing_worker(monkeypatch)
     started, measured = [], []
 
-    def fake_start(name: str, *_args) -> FakeServer:  # noqa: ANN002
+    def fake_start(name: str, *_args) -> FakeServer:
         started.append(name)
         return FakeServer()
 
-    def fake_measure(server, name: str, *_args) -> dict:  # noqa: ANN001, ANN002
+    def fake_measure(server, name: str, *_args) -> dict:
         measured.append(name)
         return fake_server_run(name, 10.0)
 
@@ -196,11 +196,11 @@ def test_a_failing_peer_does_not_stop_the_servers(monkeypatch, tmp_path, interle
 
 
 @pytest.mark.parametrize("order", [["hf", "none", "standalone"], ["none", "hf", "standalone"]])
-def test_paired_ratio_with_a_peer_first_or_not(monkeypatch, tmp_path, order, capsys) -> None:  # noqa: ANN001
+def test_paired_ratio_with_a_peer_first_or_not(monkeypatch, tmp_path, order, capsys) -> None:
     speed = {"none": iter([10.0, 5.0]), "standalone": iter([30.0, 15.0]), "hf": iter([20.0, 5.0])}
     visits = []
 
-    def fake_measure_hf(name: str, args, extra, work) -> dict:  # noqa: ANN001
+    def fake_measure_hf(name: str, args, extra, work) -> dict:
         visits.append((name, work.name))
         return fake_peer_run(name, next(speed[name]))
 
@@ -230,7 +230,7 @@ def test_paired_ratio_with_a_peer_first_or_not(monkeypatch, tmp_path, order, cap
 # --- the real worker ----------------------------------------------------------------------
 
 
-def test_worker_on_tiny_models_plain_and_assisted(tiny_models, tmp_path) -> None:  # noqa: ANN001
+def test_worker_on_tiny_models_plain_and_assisted(tiny_models, tmp_path) -> None:
     """Two requests of 8 tokens per peer, each in its own process; assisted generation keeps
     plain greedy's ids."""
     args = argparse.Namespace(

@@ -36,7 +36,7 @@ CASES = {  # name: (model, algorithm, shape, maximum accept length)
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tiny_models, tmp_path_factory):
     models = {"shipped": DEFAULT_TARGET, "random": str(tiny_models["target"])}
     args = {}
     for name, (model, algorithm, shape, _) in CASES.items():
@@ -48,7 +48,7 @@ def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_identical_draft_accepts_the_maximum(servers, name: str) -> None:  # noqa: ANN001
+def test_identical_draft_accepts_the_maximum(servers, name: str) -> None:
     out = servers(name).generate(
         {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
     )

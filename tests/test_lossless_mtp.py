@@ -50,7 +50,7 @@ def _mtp_args(k: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tmp_path_factory):
     pool = ServerPool(
         {
             "baseline": ["--model-path", DEFAULT_TARGET],
@@ -71,11 +71,11 @@ def _greedy(server: Server) -> tuple[list, list]:
 
 
 @pytest.fixture(scope="module")
-def baseline(servers) -> list:  # noqa: ANN001
+def baseline(servers) -> list:
     return _greedy(servers("baseline"))[0]
 
 
-def test_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
+def test_greedy_equals_baseline(servers, baseline) -> None:
     got, meta = _greedy(servers("k3"))
     assert got == baseline
     accept = [m["spec_accept_length"] for m in meta]
@@ -83,13 +83,13 @@ def test_greedy_equals_baseline(servers, baseline) -> None:  # noqa: ANN001
 
 
 @pytest.mark.server
-def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
     """MTP_LORA: empty and out-of-vocabulary prompts get a 400, not a crash."""
     assert_invalid_prompts_rejected(servers("k3").url)
 
 
 @pytest.mark.parametrize("name", ["k3", "k0"])
-def test_sampling_matches_target(servers, name: str) -> None:  # noqa: ANN001
+def test_sampling_matches_target(servers, name: str) -> None:
     from transformers import AutoTokenizer
 
     target = resolve_model_path(DEFAULT_TARGET)
@@ -108,7 +108,7 @@ def test_sampling_matches_target(servers, name: str) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("name", ["k3", "k0"])
-def test_openai_api_logprobs_and_bad_request(servers, name: str) -> None:  # noqa: ANN001
+def test_openai_api_logprobs_and_bad_request(servers, name: str) -> None:
     import requests
 
     server = servers(name)
@@ -130,7 +130,7 @@ def test_openai_api_logprobs_and_bad_request(servers, name: str) -> None:  # noq
     server.check_bad_request_keeps_serving()
 
 
-def test_k0_is_plain_decoding(servers, baseline) -> None:  # noqa: ANN001
+def test_k0_is_plain_decoding(servers, baseline) -> None:
     got, meta = _greedy(servers("k0"))
     assert got == baseline
     # SGLang leaves the spec_* fields out when no draft was ever proposed

@@ -38,11 +38,11 @@ SAMPLING_PROMPT_IDS = [12, 40, 7, 99, 3]
 
 
 @pytest.fixture(scope="module")
-def drafter(tiny_specblock_drafter):  # noqa: ANN001, ANN201
+def drafter(tiny_specblock_drafter):
     return tiny_specblock_drafter
 
 
-def _specblock_args(target, drafter, max_nodes: int = 16) -> list[str]:  # noqa: ANN001
+def _specblock_args(target, drafter, max_nodes: int = 16) -> list[str]:
     return [
         "--model-path", str(target),
         "--speculative-algorithm", "SPECBLOCK",
@@ -60,7 +60,7 @@ ADAPT_OPTIONS = "warmup_queries=2,measure_queries=2,buffer_queries=1,window=8,st
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models, drafter, tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tiny_models, drafter, tmp_path_factory):
     args = _specblock_args(tiny_models["target"], drafter)
     # A node budget below the depth M*K + 1 (here 5 < 7): SGLang's accepted path must still fit
     # the verify width (it once crashed the first decode step).
@@ -74,13 +74,13 @@ def servers(tiny_models, drafter, tmp_path_factory):  # noqa: ANN001, ANN201
     pool.close()
 
 
-def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:
     server = servers("specblock")
     accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
     assert accept > 1.2, f"trained drafter's trees are rarely accepted: {accept}"
 
 
-def test_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
+def test_sampling_matches_target(servers, tiny_models) -> None:
     law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
     assert_speculative_sampling_law(
         servers("specblock"),
@@ -93,7 +93,7 @@ def test_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
     )
 
 
-def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa: ANN001
+def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
     server: Server = servers("specblock")
     server.check_bad_request_keeps_serving()
     lines = [line for line in server.tail(400).splitlines() if "SPECBLOCK: steps=" in line]
@@ -103,7 +103,7 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
 
 
 @pytest.mark.server
-def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
     """SPECBLOCK: empty and out-of-vocabulary prompts get a 400, not a crash."""
     assert_invalid_prompts_rejected(servers("specblock").url)
 
@@ -113,7 +113,7 @@ def _adapt_counts(server: Server) -> list[int]:
     return [int(x.split("adapt_updates=")[1].split()[0]) for x in lines if "adapt_updates=" in x]
 
 
-def test_greedy_equals_baseline_with_adaptation(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_greedy_equals_baseline_with_adaptation(servers, baseline_greedy) -> None:
     """Runs last (one server start): requests one at a time so each is a finished query, then
     again once updates were applied."""
     server = servers("specblock_adapt")

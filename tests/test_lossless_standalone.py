@@ -96,7 +96,7 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models, tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tiny_models, tmp_path_factory):
     pool = ServerPool(_pool_args(tiny_models), tmp_path_factory.mktemp("logs"))
     yield pool
     pool.close()
@@ -125,11 +125,11 @@ def _sample_pairs(server: Server) -> list[tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def law(tiny_models) -> dict:  # noqa: ANN001
+def law(tiny_models) -> dict:
     return joint_two_token_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES)
 
 
-def _check_greedy(servers, baseline_greedy, name: str) -> None:  # noqa: ANN001
+def _check_greedy(servers, baseline_greedy, name: str) -> None:
     got, meta = _greedy(servers(name), PROMPTS)
     assert got == baseline_greedy["short"]
     assert all(m["spec_verify_ct"] > 0 for m in meta)
@@ -137,13 +137,13 @@ def _check_greedy(servers, baseline_greedy, name: str) -> None:  # noqa: ANN001
     assert accept > 1.0, "the draft never got a token accepted: speculation is not running"
 
 
-def _check_sampling(servers, law, name: str) -> None:  # noqa: ANN001
+def _check_sampling(servers, law, name: str) -> None:
     result = chi_square_gof(_sample_pairs(servers(name)), law)
     assert result.num_cells >= 10, "law too peaked for a meaningful test"
     assert result.p_value > ALPHA, result
 
 
-def _identity_accept(servers, baseline_greedy, name: str) -> float:  # noqa: ANN001
+def _identity_accept(servers, baseline_greedy, name: str) -> float:
     """Greedy on the short prompts (where a lost first token matters most): output equals the
     baseline's; returns the mean accept length (bonus token included)."""
     got, meta = _greedy(servers(name), PROMPTS)
@@ -151,21 +151,21 @@ def _identity_accept(servers, baseline_greedy, name: str) -> float:  # noqa: ANN
     return sum(m["spec_accept_length"] for m in meta) / len(meta)
 
 
-def _check_identity(servers, baseline_greedy, name: str, max_accept: int) -> None:  # noqa: ANN001
+def _check_identity(servers, baseline_greedy, name: str, max_accept: int) -> None:
     """Draft == target accepts at least 95% of the maximum accept length."""
     accept = _identity_accept(servers, baseline_greedy, name)
     assert accept >= IDENTITY_MIN_SHARE * max_accept, (accept, max_accept)
 
 
-def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:
     _check_greedy(servers, baseline_greedy, "chain")
 
 
-def test_chain_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
+def test_chain_sampling_matches_target(servers, law) -> None:
     _check_sampling(servers, law, "chain")
 
 
-def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: ANN001
+def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:
     """The speculative server is still SGLang: OpenAI API, frontend programs, 4xx on bad input."""
     import requests
     import sglang as sgl
@@ -186,7 +186,7 @@ def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: A
     assert chat.status_code == 200, chat.text
 
     @sgl.function
-    def complete(s, prompt: str) -> None:  # noqa: ANN001
+    def complete(s, prompt: str) -> None:
         s += prompt + sgl.gen("out", max_tokens=8, temperature=0)
 
     state = complete.run(prompt=PROMPTS[1], backend=sgl.RuntimeEndpoint(server.url))
@@ -195,27 +195,27 @@ def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:  # noqa: A
     server.check_bad_request_keeps_serving()
 
 
-def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:
     _check_greedy(servers, baseline_greedy, "tree")
 
 
-def test_tree_sampling_matches_target(servers, law) -> None:  # noqa: ANN001
+def test_tree_sampling_matches_target(servers, law) -> None:
     _check_sampling(servers, law, "tree")
 
 
-def test_chain_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_chain_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:
     _check_identity(servers, baseline_greedy, "chain_identity", max_accept=4)
 
 
-def test_tree_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_tree_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:
     _check_identity(servers, baseline_greedy, "tree_identity", max_accept=3)
 
 
-def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:
     _check_identity(servers, baseline_greedy, "one_step_identity", max_accept=2)
 
 
-def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) -> None:
     """Evidence for patch ``standalone_full_context``: with SGLang's EAGLE-shifted layout the
     identical draft never sees token 0 and falls clearly short of the maximum on short
     prompts (measured 2.2-3.7 of 4 on this random model)."""
@@ -223,14 +223,14 @@ def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) 
     assert accept < IDENTITY_MIN_SHARE * 4, accept
 
 
-def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:  # noqa: ANN001
+def test_upstream_cpu_verify_is_not_lossless(servers, law) -> None:
     """Evidence for patch ``cpu_spec_sampling``: without it, SGLang 0.5.23's CPU verify commits
     argmax tokens at temperature 1 and the same test rejects its output decisively."""
     result = chi_square_gof(_sample_pairs(servers("chain_unpatched")), law)
     assert result.p_value < ALPHA, result
 
 
-def test_harness_accepts_exact_sampler(tiny_models, law) -> None:  # noqa: ANN001
+def test_harness_accepts_exact_sampler(tiny_models, law) -> None:
     pairs = sample_pairs_from_law(
         tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, seed=7
     )
@@ -238,7 +238,7 @@ def test_harness_accepts_exact_sampler(tiny_models, law) -> None:  # noqa: ANN00
 
 
 @pytest.mark.parametrize("bias", ["greedy_second", "tempered"])
-def test_harness_rejects_biased_sampler(tiny_models, law, bias: str) -> None:  # noqa: ANN001
+def test_harness_rejects_biased_sampler(tiny_models, law, bias: str) -> None:
     pairs = sample_pairs_from_law(
         tiny_models["target"],
         SAMPLING_PROMPT_IDS,

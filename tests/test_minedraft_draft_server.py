@@ -49,7 +49,7 @@ def make_hello(**overrides: object) -> Hello:
 
 
 @pytest.fixture(scope="module")
-def hf_model():  # noqa: ANN201
+def hf_model():
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(DRAFT), dtype=torch.float32)
@@ -62,7 +62,7 @@ def ipc_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(ipc_dir: str):  # noqa: ANN201
+def client(ipc_dir: str):
     os.environ[CHECK_KV_ENV] = "1"  # inherited by the server process
     c = DraftServerClient(
         make_hello(), f"test{os.getpid()}", ipc_dir=ipc_dir, handshake_timeout_s=START_TIMEOUT_S
@@ -76,11 +76,11 @@ def client(ipc_dir: str):  # noqa: ANN201
 
 
 @torch.no_grad()
-def next_logits(model, tokens: list[int]) -> torch.Tensor:  # noqa: ANN001
+def next_logits(model, tokens: list[int]) -> torch.Tensor:
     return model(torch.tensor([tokens])).logits[0, -1].float()  # [vocab]
 
 
-def greedy(model, tokens: list[int], n: int = NUM_STEPS) -> list[int]:  # noqa: ANN001
+def greedy(model, tokens: list[int], n: int = NUM_STEPS) -> list[int]:
     out = list(tokens)
     for _ in range(n):
         out.append(int(next_logits(model, out).argmax()))
@@ -135,7 +135,7 @@ def test_ready_reports_the_core_set(client: DraftServerClient) -> None:
     assert client.ready.device.startswith("cpu:1 (cores ")
 
 
-def test_greedy_drafts_follow_verified_tokens(client: DraftServerClient, hf_model) -> None:  # noqa: ANN001
+def test_greedy_drafts_follow_verified_tokens(client: DraftServerClient, hf_model) -> None:
     """Several requests of different lengths over several steps; the verified tokens sometimes
     take all drafts, sometimes diverge after k of them, once append nothing. The drafts must be
     the draft model's greedy continuation of exactly the verified tokens (no draft KV kept)."""
@@ -167,7 +167,7 @@ def test_greedy_drafts_follow_verified_tokens(client: DraftServerClient, hf_mode
     step(client, DraftRequest(99, 0, removed_rids=tuple(seqs)))
 
 
-def test_seq_len_mismatch_drops_only_that_request(client: DraftServerClient, hf_model) -> None:  # noqa: ANN001
+def test_seq_len_mismatch_drops_only_that_request(client: DraftServerClient, hf_model) -> None:
     a, b = [11, 12, 13, 14], [21, 22, 23]
     step(client, DraftRequest(0, 0, (DraftEntry("ma", [], 4, a), DraftEntry("mb", [], 3, b))))
     a, b = a + [7], b + [8]
@@ -193,7 +193,7 @@ def test_removed_rids_are_freed(client: DraftServerClient) -> None:
     assert len(errors) == 1 and errors[0].rids == ("r1",) and "unknown" in errors[0].message
 
 
-def test_sampled_drafts_return_their_distribution(client: DraftServerClient, hf_model) -> None:  # noqa: ANN001
+def test_sampled_drafts_return_their_distribution(client: DraftServerClient, hf_model) -> None:
     prompt, temperature = [3, 14, 15, 92, 65], 0.7
     entries = (
         DraftEntry("s", [], len(prompt), prompt, temperature=temperature),
@@ -224,7 +224,7 @@ def test_collect_skips_results_of_abandoned_steps(client: DraftServerClient) -> 
     assert result is not None and result.step_id == 11 and client.num_stale == stale + 1
 
 
-def test_killed_server_is_detected_and_restarted(client: DraftServerClient, hf_model) -> None:  # noqa: ANN001
+def test_killed_server_is_detected_and_restarted(client: DraftServerClient, hf_model) -> None:
     step(client, DraftRequest(0, 0, (DraftEntry("k", [], 3, prompt_ids=[5, 6, 7]),)))
     old_pid = client.pid
     os.kill(old_pid, signal.SIGKILL)
@@ -266,14 +266,14 @@ def test_handshake_timeout_is_a_clear_error(ipc_dir: str) -> None:
         ({"topk": 2}, "topk 2"),
     ],
 )
-def test_bad_hello_is_refused_before_spawning(ipc_dir, overrides, match) -> None:  # noqa: ANN001
+def test_bad_hello_is_refused_before_spawning(ipc_dir, overrides, match) -> None:
     c = DraftServerClient(make_hello(**overrides), "refused", ipc_dir=ipc_dir)
     with pytest.raises(DraftServerError, match=match):
         c.start()
     assert c.pid is None and not c.alive()
 
 
-def test_corrupt_model_is_a_clear_error(tmp_path, ipc_dir: str) -> None:  # noqa: ANN001
+def test_corrupt_model_is_a_clear_error(tmp_path, ipc_dir: str) -> None:
     """A model directory the server cannot load: its fatal ErrorReport ends the handshake."""
     corrupt = tmp_path / "corrupt-draft"
     corrupt.mkdir()

@@ -43,12 +43,12 @@ class FakeClient:
     def close(self) -> None:
         pass
 
-    def submit(self, request) -> None:  # noqa: ANN001
+    def submit(self, request) -> None:
         if self.fail_submit:
             raise DraftServerError("exited with code -9")
         self.sent.append(request)
 
-    def collect(self, timeout_s: float, step_id: int | None = None):  # noqa: ANN201
+    def collect(self, timeout_s: float, step_id: int | None = None):
         if self.hang:
             return None
         request = self.sent[-1]
@@ -68,7 +68,7 @@ class FakeClient:
 
 
 @pytest.fixture(autouse=True)
-def fast_backoff(monkeypatch) -> None:  # noqa: ANN001
+def fast_backoff(monkeypatch) -> None:
     monkeypatch.setattr(link_module, "RESTART_BACKOFF_S", (0.01,))
 
 

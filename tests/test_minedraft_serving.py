@@ -50,11 +50,11 @@ GREEDY = {"temperature": 0, "max_new_tokens": 48}
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):  # noqa: ANN001, ANN201
+def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):
     logs = tmp_path_factory.mktemp("minedraft_logs")
     constant = constant_draft(tiny_models["target"], logs / "constant_draft")
 
-    def args(algorithm: str, draft) -> list[str]:  # noqa: ANN001
+    def args(algorithm: str, draft) -> list[str]:
         flags = [
             "--model-path", str(tiny_models["target"]),
             "--speculative-draft-model-path", str(draft),
@@ -105,7 +105,7 @@ def _peak_kv_tokens(server: Server, since: int) -> int:
     return max(counts)
 
 
-def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:
     server = servers("minedraft")
     accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
     assert accept > 1.2, f"drafts are rarely accepted: {accept}"
@@ -114,7 +114,7 @@ def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) 
     assert last["faults"] == 0, last
 
 
-def test_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
+def test_sampling_matches_target(servers, tiny_models) -> None:
     law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
     assert_speculative_sampling_law(
         servers("minedraft"),
@@ -135,7 +135,7 @@ def _draft_pid(server: Server) -> int:
 
 def test_draft_server_killed_during_bench_serving(
     servers, baseline_greedy, tiny_models, tmp_path
-) -> None:  # noqa: ANN001
+) -> None:
     """``sglang.bench_serving`` sends 64 greedy requests, 16 in flight; the draft server is
     SIGKILLed a few steps in. All 64 complete without error and return the non-speculative
     server's texts for the same prompts; the draft server is restarted and parallel steps
@@ -180,7 +180,7 @@ def _bench(server: Server, tokenizer: Path, out: Path) -> subprocess.Popen:
     return start_bench_serving(server, tokenizer, out, num_prompts=64, concurrency=16, length=32)
 
 
-def test_abort_a_third_of_one_batch_rebalances(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_abort_a_third_of_one_batch_rebalances(servers, baseline_greedy) -> None:
     """12 requests admitted together are assigned alternately (the balanced policy: batch 0 on a
     tie, then the smaller batch), so the even-numbered ones form batch 0. Two of them (a third
     of that batch) are aborted mid-run: the batches are rebalanced (one request moves), and the
@@ -215,7 +215,7 @@ def test_abort_a_third_of_one_batch_rebalances(servers, baseline_greedy) -> None
     assert all(abs(m["balance"]) <= 1 for m in after), after
 
 
-def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa: ANN001
+def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
     server = servers("minedraft")
     server.check_bad_request_keeps_serving()
     last = _metrics(server)[-1]
@@ -224,12 +224,12 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:  # noqa:
 
 
 @pytest.mark.server
-def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:  # noqa: ANN001
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
     """MINEDRAFT: empty and out-of-vocabulary prompts get a 400, not a crash."""
     assert_invalid_prompts_rejected(servers("minedraft").url)
 
 
-def test_overlap_off_is_standard_sd(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_overlap_off_is_standard_sd(servers, baseline_greedy) -> None:
     """``--minedraft-overlap off`` (the benchmark's like-for-like baseline): every step drafts
     and then verifies the whole batch through the same draft server; no step runs in parallel,
     drafts are still accepted and greedy output is the baseline's."""
@@ -248,7 +248,7 @@ def _peak_on_workload(server: Server) -> tuple[int, list[list[int]]]:
     return _peak_kv_tokens(server, since), [o["output_ids"] for o in out]
 
 
-def test_peak_kv_no_higher_than_standalone(servers) -> None:  # noqa: ANN001
+def test_peak_kv_no_higher_than_standalone(servers) -> None:
     """Runs last (two more server starts)."""
     minedraft, minedraft_ids = _peak_on_workload(servers("minedraft_constant"))
     assert _metrics(servers("minedraft_constant"))[-1]["coverage"] > 0.5
@@ -257,7 +257,7 @@ def test_peak_kv_no_higher_than_standalone(servers) -> None:  # noqa: ANN001
     assert minedraft <= standalone, (minedraft, standalone)
 
 
-def test_specblock_drafter_greedy_equals_baseline(servers, baseline_greedy) -> None:  # noqa: ANN001
+def test_specblock_drafter_greedy_equals_baseline(servers, baseline_greedy) -> None:
     """The hosted SpecBlock drafter drafts from the target's features: drafts are accepted
     (a broken feature path drafts noise, accepted ~never), and output is the baseline's."""
     server = servers("minedraft_specblock")
@@ -268,7 +268,7 @@ def test_specblock_drafter_greedy_equals_baseline(servers, baseline_greedy) -> N
     assert "(specblock " in server.tail(200000), "the draft server hosts another drafter"
 
 
-def test_specblock_drafter_sampling_matches_target(servers, tiny_models) -> None:  # noqa: ANN001
+def test_specblock_drafter_sampling_matches_target(servers, tiny_models) -> None:
     server = servers("minedraft_specblock")
     kwargs = dict(temperature=TEMPERATURE, num_samples=NUM_SAMPLES, alpha=ALPHA)
     assert_three_token_law(server, tiny_models["target"], SAMPLING_PROMPT_IDS, **kwargs)

@@ -21,7 +21,7 @@ from sgl_spec.verify.packing import context_visibility
 NUM_STEPS = 5  # more than one block of K = SPECBLOCK_K
 
 
-def _drafter():  # noqa: ANN202
+def _drafter():
     return specblock_drafter(seed=3).double()
 
 
@@ -33,7 +33,7 @@ def _sequence(length: int, seed: int) -> tuple[list[int], np.ndarray]:
     return tokens, features
 
 
-def _reference_chain(drafter, tokens: list[int], features: np.ndarray, num_steps: int) -> list[int]:  # noqa: ANN001
+def _reference_chain(drafter, tokens: list[int], features: np.ndarray, num_steps: int) -> list[int]:
     """One extend over every featured position (all tokens but the last), then the chain of
     ``grow_trees`` from the last token, written out with the drafting functions."""
     n = len(tokens) - 1
@@ -78,7 +78,7 @@ def test_first_chain_equals_the_reference() -> None:
     host.check_kv_accounting()
 
 
-def test_incremental_chunked_and_batched_drafting_equals_from_scratch(monkeypatch) -> None:  # noqa: ANN001
+def test_incremental_chunked_and_batched_drafting_equals_from_scratch(monkeypatch) -> None:
     monkeypatch.setattr(specblock_host, "EXTEND_CHUNK", 4)  # prompts span several chunks
     drafter = _drafter()
     host = SpecBlockChainModel(drafter, NUM_STEPS, 10_000)

@@ -16,7 +16,7 @@ def test_every_patch_matches_pinned_sglang() -> None:
         patch.check()  # raises when the upstream target changed shape
 
 
-def _chain_tree(num_draft_tokens: int):  # noqa: ANN202
+def _chain_tree(num_draft_tokens: int):
     """Chain 0 -> 1 -> 2 ...: slot i's first child is i+1, no siblings."""
     nxt = list(range(1, num_draft_tokens)) + [-1]
     return (
@@ -26,7 +26,7 @@ def _chain_tree(num_draft_tokens: int):  # noqa: ANN202
     )
 
 
-def _run(candidates, target_probs, coins, final_coin, tree):  # noqa: ANN001, ANN202
+def _run(candidates, target_probs, coins, final_coin, tree):
     r_index, r_next, r_sib = tree
     n = candidates.shape[1]
     predicts = torch.full((n,), -7, dtype=torch.int32)
@@ -105,13 +105,13 @@ def test_filter_probs_matches_sglang_rule() -> None:
     torch.testing.assert_close(out, torch.tensor([[0.25, 0.5, 0.0, 0.0]]) / 0.75)
 
 
-def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypatch) -> None:  # noqa: ANN001
+def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypatch) -> None:
     from types import SimpleNamespace
 
     from sgl_spec.patches import specblock_kv_budget as patch
 
     class Configurator:
-        def __init__(self, kvc) -> None:  # noqa: ANN001
+        def __init__(self, kvc) -> None:
             self._cell_size = 1000
 
     monkeypatch.setattr(patch, "drafter_bytes_per_token", lambda dtype: 250)
@@ -132,7 +132,7 @@ def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypat
     assert Configurator(kvc("MINEDRAFT", draft=True))._cell_size == 1000
 
 
-def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> None:
     from tiny_models import SPECBLOCK_D, specblock_drafter
 
     from sgl_spec.patches import specblock_kv_budget as patch
@@ -213,7 +213,7 @@ def test_standalone_full_context_window_slots_and_seq_len_shift() -> None:
     assert gpu_only.seq_lens.tolist() == [6] and gpu_only.seq_lens_cpu is None
 
 
-def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:  # noqa: ANN001
+def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:
     import importlib
 
     from sgl_spec.patches import cpu_graph_fakes
@@ -221,7 +221,7 @@ def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:  # noq
     module = importlib.import_module(cpu_graph_fakes.TARGET)
     seen: list[str] = []
 
-    def upstream(op_name: str):  # noqa: ANN202
+    def upstream(op_name: str):
         seen.append(op_name)
         return lambda fn: "registered"
 
@@ -234,7 +234,7 @@ def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:  # noq
     assert seen == ["rmsnorm_cpu"]
 
 
-def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:  # noqa: ANN001
+def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:
     from types import SimpleNamespace
 
     import sgl_spec.patches as patches

@@ -302,7 +302,7 @@ def _append_num_threads(out: list[int]) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness")
-def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  # noqa: ANN001
+def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):
     """Serving keeps the cores: the training thread runs one intra-op thread and
     ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone), and
     logs both; the serving thread keeps its own thread count and niceness."""
@@ -335,7 +335,7 @@ def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):  #
 # ---- serving glue -----------------------------------------------------------------------------
 
 
-def _drafted(model, bs: int = 2):  # noqa: ANN001, ANN202
+def _drafted(model, bs: int = 2):
     cfg = model.config.llama_config()
     head_dim = getattr(cfg, "head_dim", None) or D // cfg.num_attention_heads
     empty = torch.zeros(bs, cfg.num_key_value_heads, 0, head_dim)

@@ -32,7 +32,7 @@ K, D, V = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V
 B = torch.tensor
 
 
-def _pool(model, rows: int = 64) -> DrafterKVPool:  # noqa: ANN001
+def _pool(model, rows: int = 64) -> DrafterKVPool:
     cfg = model.config.llama_config()
     return DrafterKVPool(
         model.config.num_layers,
@@ -45,7 +45,7 @@ def _pool(model, rows: int = 64) -> DrafterKVPool:  # noqa: ANN001
     )
 
 
-def _fill(model, pool, feats, toks, locs, chunks):  # noqa: ANN001, ANN202
+def _fill(model, pool, feats, toks, locs, chunks):
     """Drafter extend over positions ``0..n-1`` in the given chunks, as the worker runs it."""
     done, out = 0, None
     for size in chunks:
@@ -57,7 +57,7 @@ def _fill(model, pool, feats, toks, locs, chunks):  # noqa: ANN001, ANN202
     return out
 
 
-def _inputs(t: int, seed: int = 3):  # noqa: ANN202
+def _inputs(t: int, seed: int = 3):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(1, t, 3 * D, generator=gen), torch.randint(0, V, (1, t), generator=gen)
 
@@ -313,7 +313,7 @@ def test_shipped_target_gets_the_shipped_drafter():
 
 
 @pytest.mark.parametrize("case", ["missing", "wrong_target"])
-def test_launcher_refuses_bad_drafter_before_starting(tiny_models, tmp_path, case):  # noqa: ANN001
+def test_launcher_refuses_bad_drafter_before_starting(tiny_models, tmp_path, case):
     drafter = tmp_path / "drafter"
     if case == "wrong_target":
         specblock_drafter().save_pretrained(drafter)  # hidden size 32, the target's is 64

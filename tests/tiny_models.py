@@ -123,7 +123,7 @@ def constant_draft(src_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:  # noqa: ANN001
+def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:
     import shutil
 
     model.save_pretrained(out_dir, safe_serialization=True)

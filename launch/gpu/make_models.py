@@ -143,7 +143,7 @@ def _layer_index(key: str) -> int:
     return int(parts[2]) if parts[:2] == ["model", "layers"] else -1
 
 
-def _save(model, out_dir: Path, tok_dir: Path) -> None:  # noqa: ANN001
+def _save(model, out_dir: Path, tok_dir: Path) -> None:
     model.save_pretrained(out_dir, safe_serialization=True)
     for name in TOKENIZER_FILES:
         if (tok_dir / name).exists():

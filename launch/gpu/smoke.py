@@ -138,7 +138,7 @@ def server_flags(cuda: bool, share: float = 0.3) -> list[str]:
     ]
 
 
-def serve(flags: list[str], log: Path, timeout: float = 600.0):  # noqa: ANN201
+def serve(flags: list[str], log: Path, timeout: float = 600.0):
     from sgl_spec.server_process import ServerProcess, pick_port
 
     server = ServerProcess(flags, pick_port(), log)
@@ -150,7 +150,7 @@ def serve(flags: list[str], log: Path, timeout: float = 600.0):  # noqa: ANN201
     return server
 
 
-def greedy(server, max_new_tokens: int) -> tuple[list[list[int]], list[float]]:  # noqa: ANN001
+def greedy(server, max_new_tokens: int) -> tuple[list[list[int]], list[float]]:
     payload = {
         "text": PROMPTS,
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},

@@ -96,11 +96,11 @@ _PATCHES = {_LOAD_UTILS: _patch_load_utils, _SGLANG_COMMON: _patch_sglang_common
 
 
 class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, patch) -> None:  # noqa: ANN001
+    def __init__(self, inner: importlib.abc.Loader, patch) -> None:
         self._inner = inner
         self._patch = patch
 
-    def create_module(self, spec):  # noqa: ANN001
+    def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -111,7 +111,7 @@ class _WrappingLoader(importlib.abc.Loader):
 class SglKernelFinder(importlib.abc.MetaPathFinder):
     """Wraps the loaders of the two modules in ``_PATCHES``; every other import is left alone."""
 
-    def find_spec(self, fullname, path, target=None):  # noqa: ANN001
+    def find_spec(self, fullname, path, target=None):
         patch = _PATCHES.get(fullname)
         if patch is None:
             return None

@@ -20,7 +20,7 @@ IMPORT_TIME_ONLY = (
 )
 
 
-def _unsupported(name: str):  # noqa: ANN202
+def _unsupported(name: str):
     def impl(*args: object) -> object:
         raise NotImplementedError(
             f"sgl_kernel.{name} is not implemented by the sgl_spec CPU fallback; this model"

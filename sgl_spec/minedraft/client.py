@@ -128,13 +128,13 @@ class DraftServerClient:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.hello.device.startswith("cpu"):
             env["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, before Hello
-        self._log = open(self.log_path, "w")  # noqa: SIM115  (closed in close())
+        self._log = open(self.log_path, "w")
         self._proc = subprocess.Popen(
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=self._spawn_affinity(),  # noqa: PLW1509  (runs in the child only)
+            preexec_fn=self._spawn_affinity(),
         )
         self._outbox.send(self.hello)
         try:
@@ -145,7 +145,7 @@ class DraftServerClient:
         self.generation += 1
         return self.ready
 
-    def _spawn_affinity(self):  # noqa: ANN202
+    def _spawn_affinity(self):
         cores = self.cpu_affinity
         if not cores or not hasattr(os, "sched_setaffinity"):
             return None

@@ -19,7 +19,7 @@ from sgl_spec.minedraft.settings import MineDraftSettings
 logger = logging.getLogger(__name__)
 
 
-def start_draft_link(settings: MineDraftSettings, server_args) -> DraftLink:  # noqa: ANN001
+def start_draft_link(settings: MineDraftSettings, server_args) -> DraftLink:
     """Spawn the draft server with ``settings``, move the target off its cores, and return the
     started link."""
     hello = Hello(

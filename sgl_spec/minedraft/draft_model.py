@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 def build_model_runner(
     model_path: str, device: str, max_requests: int, max_total_tokens: int, seed: int
-):  # noqa: ANN201  (sglang's ModelRunner; imported lazily)
+):
     """Boot SGLang's parallel runtime (world size 1) and a ``ModelRunner`` for the draft model.
 
     ``device`` is ``"cpu"`` or ``"cuda:N"``. CPU runs fp32 with the ``torch_native`` attention
@@ -129,7 +129,7 @@ class DraftModel(SequenceTable):
     next ``draft`` call, batched over all requests of the step.
     """
 
-    def __init__(self, runner, num_steps: int, seed: int = 0) -> None:  # noqa: ANN001
+    def __init__(self, runner, num_steps: int, seed: int = 0) -> None:
         from sglang.srt.model_executor.forward_batch_info import (
             CaptureHiddenMode,
             ForwardBatch,
@@ -317,7 +317,7 @@ class DraftModel(SequenceTable):
         out_cache_loc: torch.Tensor,  # [num_tokens]
         extend_fields: dict,
     ) -> torch.Tensor:
-        ForwardBatch, ForwardMode, CaptureHiddenMode = self._fb  # noqa: N806
+        ForwardBatch, ForwardMode, CaptureHiddenMode = self._fb
         if not isinstance(input_ids, torch.Tensor):
             input_ids = self._tensor(input_ids, torch.int64)
         forward_batch = ForwardBatch(

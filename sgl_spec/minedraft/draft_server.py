@@ -112,7 +112,7 @@ class DraftServer:
     """Serves DraftRequests with a loaded ``DraftModel`` (``handle`` computes the replies,
     ``serve`` moves messages)."""
 
-    def __init__(self, hello: Hello, model) -> None:  # noqa: ANN001  (DraftModel)
+    def __init__(self, hello: Hello, model) -> None:
         self.hello = hello
         self.model = model
         self.check_kv = os.environ.get(CHECK_KV_ENV, "0") not in ("", "0")
@@ -218,7 +218,7 @@ def cpu_kv_tokens(hello: Hello, context_len: int) -> int:
     return min(full, hello.max_total_tokens + max_requests * (hello.num_steps + 1))
 
 
-def load(hello: Hello):  # noqa: ANN201  (DraftModel or SpecBlockChainModel)
+def load(hello: Hello):
     """Place the process, then boot SGLang's ModelRunner for the draft model (or load the
     SpecBlock drafter, which runs as a plain PyTorch module)."""
     from sgl_spec.models.registry import resolve_model_path

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 class TargetFeatureCache:
     """Feature rows of the tokens at each target KV location (allocated on first use)."""
 
-    def __init__(self, model_runner, feature_index: torch.Tensor, device) -> None:  # noqa: ANN001
+    def __init__(self, model_runner, feature_index: torch.Tensor, device) -> None:
         self.model_runner = model_runner
         # column index of the features in SGLang's captured hidden states
         self.feature_index = feature_index

@@ -20,7 +20,7 @@ class Phase:
     result: GenerationBatchResult
 
 
-def can_split(batch) -> bool:  # noqa: ANN001
+def can_split(batch) -> bool:
     """Rows whose outputs SGLang post-processes per batch position need one verify."""
     info = batch.sampling_info
     penalizer = getattr(info, "penalizer_orchestrator", None)
@@ -34,7 +34,7 @@ def can_split(batch) -> bool:  # noqa: ANN001
     )
 
 
-def sub_batch(batch, rows: list[int]):  # noqa: ANN001, ANN201
+def sub_batch(batch, rows: list[int]):
     """A copy of ``batch`` holding ``rows`` only; ``batch`` itself is left untouched (its
     sampling info is copied before SGLang's in-place filter; ``can_split`` keeps rows with
     penalizer state, which that filter would mutate, out of split steps)."""
@@ -53,11 +53,11 @@ class _NoPenalties:
 
     is_required = False
 
-    def filter(self, keep_indices) -> None:  # noqa: ANN001
+    def filter(self, keep_indices) -> None:
         return None
 
 
-def merge_phases(batch, phases: list[Phase], width: int, device) -> GenerationBatchResult:  # noqa: ANN001
+def merge_phases(batch, phases: list[Phase], width: int, device) -> GenerationBatchResult:
     """One result in the batch's row order, as one verify of the whole batch returns it."""
     if len(phases) == 1 and phases[0].rows == list(range(len(batch.reqs))):
         result = phases[0].result

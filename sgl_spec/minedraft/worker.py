@@ -66,7 +66,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     name = "MINEDRAFT"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__(server_args, target_worker)
         self.settings = load_settings(
             SpecConfig.from_env(), LaunchArgs.from_server_args(server_args)
@@ -101,7 +101,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- entry point -------------------------------------------------------------------------
 
-    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_prefill(self, batch) -> GenerationBatchResult:
         if self.features is None:
             result = self._target_worker.forward_batch_generation(batch)
         else:
@@ -121,7 +121,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- decode: two phases ------------------------------------------------------------------
 
-    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:
         rids = [req.rid for req in batch.reqs]
         self._sync_membership(rids)
         for rid in self.manager.rebalance():
@@ -153,7 +153,7 @@ class MineDraftWorker(TargetWrappingWorker):
             if rid not in self.manager:
                 self.manager.assign(rid)
 
-    def _phase(self, batch, plan: StepPlan, target_rows, draft_rows, extra, parallel: bool):  # noqa: ANN001, ANN202
+    def _phase(self, batch, plan: StepPlan, target_rows, draft_rows, extra, parallel: bool):
         """One SD step: submit ``draft_rows`` to the draft server, verify ``target_rows``, sync.
         In a fallback step both are the whole batch and the drafts are awaited first."""
         tic = time.perf_counter()
@@ -199,7 +199,7 @@ class MineDraftWorker(TargetWrappingWorker):
             )
         return Phase(target_rows, result)
 
-    def _fill(self, batch, target_rows, pool_indices, extra, plan: StepPlan) -> float:  # noqa: ANN001
+    def _fill(self, batch, target_rows, pool_indices, extra, plan: StepPlan) -> float:
         """Start-up step (§5.2) for the target rows that have no drafts yet (requests new since
         the last call): draft them and wait, so that no request's first verify runs undrafted
         (one token for a whole verify). Returns the drafting time."""
@@ -212,7 +212,7 @@ class MineDraftWorker(TargetWrappingWorker):
             return 0.0
         return self._collect(self._step)
 
-    def _job(self, req, pool_index: int, extra: dict[str, list[int]]) -> DraftJob:  # noqa: ANN001
+    def _job(self, req, pool_index: int, extra: dict[str, list[int]]) -> DraftJob:
         tokens = [*req.origin_input_ids, *req.output_ids, *extra.get(req.rid, ())]
         features = None if self.features is None else self.features.rows(int(pool_index))
         return DraftJob(req.rid, tokens, len(req.origin_input_ids), features)
@@ -226,7 +226,7 @@ class MineDraftWorker(TargetWrappingWorker):
             self._drafts.update(drafts)
         return draft_s
 
-    def _take_drafts(self, req) -> np.ndarray | None:  # noqa: ANN001
+    def _take_drafts(self, req) -> np.ndarray | None:
         """Drafts continuing exactly this request's current sequence, if any."""
         entry = self._drafts.get(req.rid)
         if entry is None:
@@ -238,7 +238,7 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- verify ------------------------------------------------------------------------------
 
-    def _verify(self, batch, rows: list[int]) -> GenerationBatchResult:  # noqa: ANN001
+    def _verify(self, batch, rows: list[int]) -> GenerationBatchResult:
         sub = sub_batch(batch, rows)
         seq_lens = sub.seq_lens.tolist()
         roots = batch.spec_info.bonus_tokens[rows].tolist()
@@ -276,5 +276,5 @@ class MineDraftWorker(TargetWrappingWorker):
         self.link.close()
 
 
-def _seq_total(req) -> int:  # noqa: ANN001
+def _seq_total(req) -> int:
     return len(req.origin_input_ids) + len(req.output_ids)

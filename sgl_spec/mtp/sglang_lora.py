@@ -121,7 +121,7 @@ class GatedLoRA:
 def _wrap_linear(module: nn.Module, adapter: GatedLoRA, name: str) -> None:
     base_forward = module.forward
 
-    def forward(x: torch.Tensor, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def forward(x: torch.Tensor, *args, **kwargs):
         out = base_forward(x, *args, **kwargs)
         if isinstance(out, tuple):
             return (adapter._add_delta(name, x, out[0]), *out[1:])
@@ -198,7 +198,7 @@ def _gate_dual_gemm(dual: object, adapter: GatedLoRA) -> None:
     without gated rows (the anchors only, e.g. k = 0) keep it."""
     base_can_run = dual.can_run
 
-    def can_run(*args, **kwargs) -> bool:  # noqa: ANN002, ANN003
+    def can_run(*args, **kwargs) -> bool:
         return not adapter._gate.active and base_can_run(*args, **kwargs)
 
     dual.can_run = can_run

@@ -78,7 +78,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     name = "MTP_LORA"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__(server_args, target_worker)
         from sgl_spec.config import SpecConfig
         from sgl_spec.mtp.settings import load_settings
@@ -98,10 +98,10 @@ class MtpLoraWorker(TargetWrappingWorker):
         self._layouts: dict[int, tuple] = {}
         self.stats = MtpStats()
         trace = os.environ.get(TRACE_ENV)
-        self._trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115
+        self._trace = open(trace, "a", buffering=1) if trace else None
         self.set_verify_shape(self.k_max, (self.k_max + 1) ** 2)
 
-    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_prefill(self, batch) -> GenerationBatchResult:
         result = self._target_worker.forward_batch_generation(batch)
         result.new_seq_lens = batch.seq_lens
         if isinstance(result.next_token_ids, torch.Tensor):
@@ -112,7 +112,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     # ---- decode step -------------------------------------------------------------------------
 
-    def _choose_k(self, batch) -> int:  # noqa: ANN001
+    def _choose_k(self, batch) -> int:
         if self.controller is None:
             return self.fixed_k
         ctx = int(batch.seq_lens_cpu.float().mean()) if batch.seq_lens_cpu is not None else 0
@@ -136,7 +136,7 @@ class MtpLoraWorker(TargetWrappingWorker):
             )
         return self._layouts[k]
 
-    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:
         # The controller compares whole steps: input layout, mask and batch construction differ
         # between k = 0 and k > 0 as much as the forward does.
         tic = time.perf_counter()
@@ -195,7 +195,7 @@ class MtpLoraWorker(TargetWrappingWorker):
             can_run_cuda_graph=out.can_run_cuda_graph,
         )
 
-    def _forward_plain(self, batch, state: MtpDraftInput, tic: float) -> GenerationBatchResult:  # noqa: ANN001
+    def _forward_plain(self, batch, state: MtpDraftInput, tic: float) -> GenerationBatchResult:
         """k = 0 (speculation off): SGLang's plain decode forward of the bonus token and as
         little as possible around it -- the step the controller falls back to must cost what
         a non-speculative step costs. No gated rows, so the LoRA wrappers pass through."""
@@ -242,7 +242,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     def _make_forward_batch(
         self,
-        batch,  # noqa: ANN001
+        batch,
         input_ids: torch.Tensor,  # [bs, W]
         positions: torch.Tensor,  # [bs, W]
         out_cache_loc: torch.Tensor,  # [bs, W]
@@ -260,7 +260,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     def _make_decode_batch(
         self,
-        batch,  # noqa: ANN001
+        batch,
         input_ids: torch.Tensor,  # [bs] bonus tokens
         positions: torch.Tensor,  # [bs] = committed lengths
         out_cache_loc: torch.Tensor,  # [bs] KV slot of each bonus token
@@ -274,7 +274,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     def _forward_batch(
         self,
-        batch,  # noqa: ANN001
+        batch,
         mode: ForwardMode,
         input_ids: torch.Tensor,  # [bs, width] or [bs]
         positions: torch.Tensor,  # [bs * width]
@@ -306,7 +306,7 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     def _verify(
         self,
-        batch,  # noqa: ANN001
+        batch,
         drafts: torch.Tensor,  # [bs, k]
         anchor0: torch.Tensor,  # [bs]
         logits: torch.Tensor,  # [bs, k+1, vocab] base-path logits of the anchors

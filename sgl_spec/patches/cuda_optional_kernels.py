@@ -73,7 +73,7 @@ def apply(cuda: bool | None = None, missing: list[str] | None = None) -> bool:
     if "cutlass" in missing:
         dual_gemm = _module(DUAL_GEMM).DualGemm
 
-        def select_mode(self, gate_up_proj, hidden_size):  # noqa: ANN001, ANN202, ARG001
+        def select_mode(self, gate_up_proj, hidden_size):
             return None
 
         select_mode.__wrapped__ = dual_gemm._select_mode  # type: ignore[attr-defined]

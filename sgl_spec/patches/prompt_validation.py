@@ -107,7 +107,7 @@ def validating(original: Callable) -> Callable:
     """``original`` (``_validate_one_request``) preceded by ``check_request``."""
 
     @functools.wraps(original)
-    def validate_one_request(self, obj, input_ids) -> None:  # noqa: ANN001
+    def validate_one_request(self, obj, input_ids) -> None:
         check_request(obj, input_ids, self.model_config.vocab_size)
         original(self, obj, input_ids)
 

@@ -89,7 +89,7 @@ def drafter_bytes_per_token(dtype: object) -> int:
 def counting_drafter(original: Callable[..., None]) -> Callable[..., None]:
     """``DefaultPoolConfigurator.__init__`` that adds the drafter's bytes to the cell size."""
 
-    def __init__(self, kvc, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003, N807
+    def __init__(self, kvc, *args, **kwargs) -> None:
         original(self, kvc, *args, **kwargs)
         if kvc.is_draft_worker or not self._cell_size:
             return

@@ -57,9 +57,9 @@ def window_slots(
 
 
 def _propose(
-    self,  # noqa: ANN001
+    self,
     logits: torch.Tensor,  # [bs, vocab]
-    sampling_info,  # noqa: ANN001
+    sampling_info,
     positions: torch.Tensor,  # [bs] sampling-seed positions
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Next-draft proposals from one row of draft logits per request, as EAGLE's
@@ -82,12 +82,12 @@ def _propose(
 
 
 def _draft_extend_for_prefill(
-    self,  # noqa: ANN001
-    batch,  # noqa: ANN001
+    self,
+    batch,
     target_hidden_states: torch.Tensor | None,
     next_token_ids: torch.Tensor,  # [bs] the target's first output token (the bonus)
     mm_input_embeds: torch.Tensor | None = None,
-    kv_loc_plan=None,  # noqa: ANN001
+    kv_loc_plan=None,
 ) -> EagleDraftInput:
     """Extend the draft over the prompt tokens at their own positions (no shift)."""
     if mm_input_embeds is not None:
@@ -132,7 +132,7 @@ def _draft_extend_for_prefill(
     )
 
 
-def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:  # noqa: ANN001
+def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:
     """One draft decode of every request's bonus token at position ``seq_len``: writes its
     draft KV and replaces the carried proposals with the ones that follow it."""
     seq_lens = batch.seq_lens.to(torch.int64)  # [bs]
@@ -166,7 +166,7 @@ def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:  # noqa: AN
         set_pending(req, False)
 
 
-def draft(self, batch, *, with_topology: bool = False):  # noqa: ANN001, ANN201
+def draft(self, batch, *, with_topology: bool = False):
     """EAGLE's draft loop, run one position later: the bonus token is already in the draft's
     KV, so the drafts go to positions ``seq_len + 1 ...``. Verify sees the unshifted batch."""
     if batch.forward_mode.is_idle():
@@ -212,7 +212,7 @@ def draft(self, batch, *, with_topology: bool = False):  # noqa: ANN001, ANN201
     return verify_input
 
 
-def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None) -> None:  # noqa: ANN001
+def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None) -> None:
     """Extend the draft over ``[root, verify outputs]`` of each request: the accepted
     tokens, then the bonus (whose logits give the next proposals), then rejected tails that
     lie past the committed length and are overwritten later."""

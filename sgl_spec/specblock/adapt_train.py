@@ -287,7 +287,7 @@ class BackgroundTrainer:
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     loss = self.copies.update(action, examples, stream)
                 self.results.put((action, loss))
-            except Exception:  # noqa: BLE001 -- a failed update must never stop serving
+            except Exception:
                 logger.exception("SPECBLOCK adapt: %s update failed; skipped", action.value)
                 self.results.put((action, None))
 

@@ -31,7 +31,7 @@ def aux_hidden_states(
     captured: dict[int, torch.Tensor] = {}
 
     def hook(index: int):
-        def record(module, args, output):  # noqa: ANN001, ARG001
+        def record(module, args, output):
             captured[index] = output[0] if isinstance(output, tuple) else output
 
         return record

@@ -48,7 +48,7 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     name = "SPECBLOCK"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:  # noqa: ANN001
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
         super().__init__(server_args, target_worker)
         settings = load_settings(SpecConfig.from_env())
         self.settings = settings
@@ -112,7 +112,7 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     # ---- prefill -----------------------------------------------------------------------------
 
-    def forward_prefill(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_prefill(self, batch) -> GenerationBatchResult:
         result = self._target_worker.forward_batch_generation(
             batch, capture_hidden_mode=CaptureHiddenMode.FULL
         )
@@ -154,7 +154,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             return self._drafter_extend_chunks(
                 req_pool_indices, prefix_lens, num_new, features, tokens, row_starts
             )
-        except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
+        except Exception:
             logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
             return torch.zeros(
                 req_pool_indices.shape[0],
@@ -205,7 +205,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
         return root_cond
 
-    def _gather_context(self, reqs: torch.Tensor, num_tokens: torch.Tensor, last_slot_only: bool):  # noqa: ANN202
+    def _gather_context(self, reqs: torch.Tensor, num_tokens: torch.Tensor, last_slot_only: bool):
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         t = max(int(num_tokens.max()), 1)
         cols = torch.arange(t, device=self.device)
@@ -215,12 +215,12 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     # ---- decode step -------------------------------------------------------------------------
 
-    def forward_decode(self, batch) -> GenerationBatchResult:  # noqa: ANN001
+    def forward_decode(self, batch) -> GenerationBatchResult:
         tic = time.perf_counter()
         if self.adapter is not None:
             try:  # step boundary: trained drafter weights may enter theta_inf here
                 self.adapter.before_draft()
-            except Exception:  # noqa: BLE001 -- adaptation must never fail a request
+            except Exception:
                 logger.exception("SPECBLOCK adapt: weight sync failed; drafting unchanged")
         state: SpecBlockDraftInput = batch.spec_info
         reqs = batch.req_pool_indices.to(torch.long)
@@ -270,7 +270,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic)
         return result
 
-    def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:  # noqa: ANN001
+    def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt_serving``); it only changes
         later drafts, and a failure in it is logged, never raised."""
         try:
@@ -291,10 +291,10 @@ class SpecBlockWorker(TargetWrappingWorker):
                 features,
                 result.next_draft_input.bonus_tokens.tolist(),
             )
-        except Exception:  # noqa: BLE001 -- adaptation must never fail a request
+        except Exception:
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 
-    def _draft(self, reqs, seq_lens, state, roots) -> DraftResult:  # noqa: ANN001
+    def _draft(self, reqs, seq_lens, state, roots) -> DraftResult:
         """Grow the trees; on any drafter failure verify the roots alone (plain decoding)."""
         try:
             prefix = self._gather_context(reqs, seq_lens, last_slot_only=True)
@@ -307,7 +307,7 @@ class SpecBlockWorker(TargetWrappingWorker):
                 self.draft_settings,
                 block_size=self.block_size,
             )
-        except Exception:  # noqa: BLE001 -- a failing drafter must never fail a request
+        except Exception:
             logger.exception("SPECBLOCK: drafting failed; verifying without drafts this step")
             return DraftResult([DraftTree.rooted_at(t) for t in roots], 0)
 

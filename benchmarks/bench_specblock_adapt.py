@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 
 import requests
-
-from sgl_spec.server_process import ServerProcess, pick_port, tail
+from server_process import ServerProcess, pick_port, tail
 
 LICENSE_DIRS = (Path("/usr/share/common-licenses"),)
 WORDS = (

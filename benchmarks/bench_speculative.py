@@ -58,8 +58,7 @@ from _bench_lib import (
     round_orders,
     server_flags,
 )
-
-from sgl_spec.server_process import ServerProcess, pick_port, tail
+from server_process import ServerProcess, pick_port, tail
 
 NUM_GREEDY_PROMPTS = 8
 MAX_GREEDY_NEW_TOKENS = 64

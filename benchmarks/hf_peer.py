@@ -57,9 +57,9 @@ import sys
 from pathlib import Path
 
 from _bench_lib import BENCH_SERVING_FIXED, model_path, paired_ratio
+from server_process import tail
 
 from sgl_spec.argv import flag_value
-from sgl_spec.server_process import tail
 
 ASSISTED = {"hf": False, "hf-assisted": True}  # --algorithms name -> assistant_model= draft
 DRAFT_FLAG = "--speculative-draft-model-path"

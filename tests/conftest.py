@@ -1,17 +1,14 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A 2-layer random target and a perturbed copy of it as draft (fp32, built once)."""
-    from tiny_models import build_llama, perturbed_copy
+    from tests.helpers.tiny_models import build_llama, perturbed_copy
 
     root = tmp_path_factory.mktemp("tiny_models")
     target = build_llama(root / "target", seed=0, num_layers=2)
@@ -23,7 +20,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:
     """A SpecBlock drafter trained for the tiny target (``train_specblock_drafter``), built
     once: SPECBLOCK's and MINEDRAFT's serving tests both draft with it."""
-    from tiny_models import train_specblock_drafter
+    from tests.helpers.tiny_models import train_specblock_drafter
 
     return train_specblock_drafter(
         tiny_models["target"], tmp_path_factory.mktemp("specblock") / "drafter"
@@ -34,8 +31,8 @@ def tiny_specblock_drafter(tiny_models, tmp_path_factory) -> Path:
 def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:
     """Greedy token ids of the non-speculative server on the tiny target, computed once per
     session (short and long prompts; max 48 new tokens), then the server is stopped."""
-    from lossless import LONG_PROMPTS, PROMPTS
-    from server_utils import Server
+    from tests.helpers.lossless import LONG_PROMPTS, PROMPTS
+    from tests.helpers.server_utils import Server
 
     server = Server(
         ["--model-path", str(tiny_models["target"])],

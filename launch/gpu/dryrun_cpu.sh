@@ -50,8 +50,8 @@ pkill -f "port $port" || true
 if [ -x "$ROOT/.venv/bin/python" ]; then
     ref=$(cd "$ROOT" && .venv/bin/python - "$request" <<'EOF'
 import json, sys
-sys.path.insert(0, "tests")
-from server_utils import Server  # the test suite's launcher wrapper
+sys.path[:0] = [".", "benchmarks"]
+from tests.helpers.server_utils import Server  # the test suite's launcher wrapper
 from pathlib import Path
 import tempfile
 with tempfile.TemporaryDirectory() as tmp:

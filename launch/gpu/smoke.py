@@ -139,7 +139,8 @@ def server_flags(cuda: bool, share: float = 0.3) -> list[str]:
 
 
 def serve(flags: list[str], log: Path, timeout: float = 600.0):
-    from sgl_spec.server_process import ServerProcess, pick_port
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from server_process import ServerProcess, pick_port
 
     server = ServerProcess(flags, pick_port(), log)
     try:

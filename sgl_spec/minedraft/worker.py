@@ -11,7 +11,7 @@ scheduling, KV reservation and output processing stay as they are:
 The drafts collected at each sync point are verified one phase later: B's in phase 2, A's in
 phase 1 of the next call. The target never holds KV for a batch it is not verifying (§5.3):
 each request's verify slots are SGLang's ordinary one-verify-per-step reservation, so the KV
-footprint equals STANDALONE's on the same requests (``tests/test_minedraft_serving.py``).
+footprint equals STANDALONE's on the same requests (``tests/e2e/test_minedraft_serving.py``).
 
 Fallback (§5.2): with one batch empty (or ``--minedraft-overlap off``), or with requests whose
 outputs SGLang post-processes per batch row (logprobs, penalties, hidden states, custom logit

@@ -82,7 +82,7 @@ def patches_markdown() -> str:
         f"Written and checked against SGLang {SGLANG_VERSION}. Generated from"
         " `sgl_spec/patches/` (`python -m sgl_spec.patches > docs/patches.md`). Each patch's"
         " `check()` runs before it is applied, and the server refuses to start if the installed"
-        " SGLang differs where the patch changes it; `tests/test_patches.py` runs every check.",
+        " SGLang differs where the patch changes it; `tests/unit/test_patches.py` runs every check.",
         "",
         "| patch | upstream target | what and why |",
         "| --- | --- | --- |",

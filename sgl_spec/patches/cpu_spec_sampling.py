@@ -3,7 +3,7 @@
 Upstream target: ``sglang.srt.speculative.eagle_utils`` (SGLang 0.5.23).
 ``_verify_uses_greedy`` returns True whenever ``is_cpu``, so on CPU a speculative server commits
 the target's *argmax* even for requests with temperature > 0 — its outputs are not samples of
-the target distribution (``tests/test_lossless_standalone.py`` shows it with this patch off). The
+the target distribution (``tests/e2e/test_lossless_standalone.py`` shows it with this patch off). The
 reason is only that no CPU kernel exists for ``tree_speculative_sampling_target_only`` and the
 top-k/top-p renormalisation (all three are ``None`` on CPU). This patch supplies PyTorch versions
 (``sgl_spec.verify.tree_sampling``) and lets CPU take the sampling branch. GPUs are untouched.

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 import torch
-from tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 from sgl_spec.config import ConfigError, split_argv
 from sgl_spec.specblock.adapt import (
@@ -35,6 +34,7 @@ from sgl_spec.specblock.adapt_train import (
 )
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, grow_trees
 from sgl_spec.specblock.losses import target_to_draft_map
+from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 torch.set_num_threads(1)
 K, D, V = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V
@@ -416,10 +416,7 @@ def test_online_adapter_tracks_queries_windows_and_syncs_an_update():
 
 
 def test_bench_stream_and_windows():
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_specblock_adapt as bench
 
     stream = bench.build_stream(5, 300, seed=1)
@@ -462,10 +459,7 @@ def test_cut_windows_starts_one_every_w_positions_and_returns_the_tail():
 def test_offline_bench_cuts_the_windows_the_serving_adapter_cuts():
     """``specblock_adapt_offline.query_examples`` claims to train on what serving trains on:
     the same windows as ``OnlineAdapter`` cuts from a query committed a few tokens a step."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import specblock_adapt_offline as offline
 
     model = specblock_drafter(seed=2)

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 from sgl_spec.config import ConfigError, split_argv
 from sgl_spec.cpu_kernels.tree_ops import verify_tree_greedy
@@ -26,6 +25,7 @@ from sgl_spec.verify.packing import (
     pack_trees,
 )
 from sgl_spec.verify.tree import DraftTree, greedy_verify_walk
+from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 torch.set_num_threads(1)
 K, D, V = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V

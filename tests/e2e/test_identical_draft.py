@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lossless import PROMPTS
-from server_utils import ServerPool
 
 from sgl_spec.models.registry import DEFAULT_TARGET
+from tests.helpers.lossless import PROMPTS
+from tests.helpers.server_utils import ServerPool
 
 pytestmark = pytest.mark.server
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ from sgl_spec.argv import LaunchArgs
 from sgl_spec.config import ConfigError, SpecConfig, split_argv
 from sgl_spec.mtp.algorithm import MTP_DEFAULT_K
 from sgl_spec.mtp.info import MtpDraftInput, pad_drafts
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 
 def _state(bonus: list[int], drafts: list[list[int]]) -> MtpDraftInput:

@@ -4,8 +4,9 @@ speculative decoding (shipped draft) and continues held-out code plausibly."""
 from __future__ import annotations
 
 import pytest
-from invalid_prompts import assert_invalid_prompts_rejected
-from server_utils import Server
+
+from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
+from tests.helpers.server_utils import Server
 
 HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sgl_spec"
 WEIGHTS = PACKAGE / "models" / "weights"
 # Every shipped weight file together (target, draft, MTP adapter, two SpecBlock drafters).

@@ -7,7 +7,12 @@ import math
 
 import pytest
 import torch
-from tiny_models import (
+
+from sgl_spec.specblock.config import CheckpointError
+from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
+from sgl_spec.specblock.model import SpecBlockDrafter, draft_vocab_from_counts
+from sgl_spec.specblock.rank import psi_features, rank_to_bucket, target_rank
+from tests.helpers.tiny_models import (
     SPECBLOCK_D,
     SPECBLOCK_K,
     SPECBLOCK_V,
@@ -15,11 +20,6 @@ from tiny_models import (
     specblock_config,
     specblock_drafter,
 )
-
-from sgl_spec.specblock.config import CheckpointError
-from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
-from sgl_spec.specblock.model import SpecBlockDrafter, draft_vocab_from_counts
-from sgl_spec.specblock.rank import psi_features, rank_to_bucket, target_rank
 
 K, D, V, VD = SPECBLOCK_K, SPECBLOCK_D, SPECBLOCK_V, SPECBLOCK_VD
 

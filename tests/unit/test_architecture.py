@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sgl_spec"
 ALGORITHM_PACKAGES = ("mtp", "specblock", "minedraft")
 # MINEDRAFT's draft server can host the SpecBlock drafter (--minedraft-drafter specblock):

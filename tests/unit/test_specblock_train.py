@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, build_corpus, specblock_drafter
 
 from sgl_spec.models.evaluate import greedy_continuation
 from sgl_spec.models.export import load_model_dir
@@ -35,6 +34,13 @@ from sgl_spec.specblock.trainer import (
     train_drafter,
 )
 from sgl_spec.training.loop import RunOptions
+from tests.helpers.tiny_models import (
+    SPECBLOCK_D,
+    SPECBLOCK_K,
+    SPECBLOCK_V,
+    build_corpus,
+    specblock_drafter,
+)
 
 torch.set_num_threads(1)
 

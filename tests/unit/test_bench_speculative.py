@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
 
 import _bench_lib as lib  # noqa: E402
 import bench_speculative as bench  # noqa: E402

@@ -13,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lossless import (
+
+from tests.helpers.lossless import (
     PROMPTS,
     chi_square_gof,
     joint_two_token_law,
     sample_pairs_from_law,
 )
-from server_utils import Server, ServerPool
+from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000

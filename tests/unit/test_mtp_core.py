@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_corpus
 
 from sgl_spec.models.export import load_model_dir
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
@@ -35,6 +34,7 @@ from sgl_spec.mtp.layout import (
     tree_mask_reference,
 )
 from sgl_spec.mtp.trainer import hf_attention_mask, mask_logits
+from tests.helpers.tiny_models import build_corpus
 
 # --- gated LoRA on the shipped target -------------------------------------------------------
 

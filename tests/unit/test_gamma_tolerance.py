@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+REPO = Path(__file__).resolve().parents[2]
 
 import gamma_tolerance as bench  # noqa: E402
 
@@ -64,7 +63,7 @@ def test_bad_flags_are_refused(argv: list[str], message: str, capsys) -> None:
 
 
 def test_end_to_end_on_a_tiny_llama(tmp_path: Path) -> None:
-    from tiny_models import build_llama
+    from tests.helpers.tiny_models import build_llama
 
     model = build_llama(tmp_path / "model", seed=0)
     out = tmp_path / "out" / "tau.json"

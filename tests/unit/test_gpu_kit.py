@@ -18,8 +18,7 @@ import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels import cuda_ops
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "launch" / "gpu"))
+ROOT = Path(__file__).resolve().parents[2]
 import slim_wheel  # noqa: E402
 
 

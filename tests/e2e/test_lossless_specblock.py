@@ -21,15 +21,16 @@ depend on the drafter's quality.
 from __future__ import annotations
 
 import pytest
-from invalid_prompts import assert_invalid_prompts_rejected
-from lossless import (
+
+from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
+from tests.helpers.lossless import (
     LONG_PROMPTS,
     PROMPTS,
     assert_greedy_under_concurrent_load,
     assert_speculative_sampling_law,
     joint_law,
 )
-from server_utils import Server, ServerPool
+from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000

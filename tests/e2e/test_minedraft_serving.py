@@ -29,8 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from invalid_prompts import assert_invalid_prompts_rejected
-from lossless import (
+
+from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
+from tests.helpers.lossless import (
     LONG_PROMPTS,
     PROMPTS,
     assert_greedy_under_concurrent_load,
@@ -38,8 +39,8 @@ from lossless import (
     assert_three_token_law,
     joint_law,
 )
-from server_utils import Server, ServerPool, finish_bench_serving, start_bench_serving
-from tiny_models import constant_draft
+from tests.helpers.server_utils import Server, ServerPool, finish_bench_serving, start_bench_serving
+from tests.helpers.tiny_models import constant_draft
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import SPECBLOCK_V, specblock_drafter
 
 from sgl_spec.minedraft import specblock_host
 from sgl_spec.minedraft.codec import decode, encode
@@ -17,6 +16,7 @@ from sgl_spec.minedraft.messages import DraftEntry, Hello, MessageError
 from sgl_spec.minedraft.specblock_host import SpecBlockChainModel
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix, grow_trees
 from sgl_spec.verify.packing import context_visibility
+from tests.helpers.tiny_models import SPECBLOCK_V, specblock_drafter
 
 NUM_STEPS = 5  # more than one block of K = SPECBLOCK_K
 

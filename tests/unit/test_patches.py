@@ -133,9 +133,8 @@ def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypat
 
 
 def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> None:
-    from tiny_models import SPECBLOCK_D, specblock_drafter
-
     from sgl_spec.patches import specblock_kv_budget as patch
+    from tests.helpers.tiny_models import SPECBLOCK_D, specblock_drafter
 
     specblock_drafter().save_pretrained(tmp_path)
     config = SpecConfig(minedraft_drafter="specblock", specblock_drafter_path=str(tmp_path))

@@ -17,11 +17,11 @@ target it was trained on (one trained for a random tiny model agrees with it ~3%
 from __future__ import annotations
 
 import pytest
-from invalid_prompts import assert_invalid_prompts_rejected
-from lossless import assert_speculative_sampling_law, joint_law
-from server_utils import Server, ServerPool
 
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
+from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
+from tests.helpers.lossless import assert_speculative_sampling_law, joint_law
+from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000

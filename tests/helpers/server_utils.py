@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import requests
-
-from sgl_spec.server_process import ServerProcess, pick_port, tail
+from server_process import ServerProcess, pick_port, tail
 
 # Small KV pool and no warm-up keep start-up short on a 2-core host. --max-total-tokens caps
 # the pool; the static fraction only has to leave room for what is loaded before SGLang profiles
@@ -87,9 +85,6 @@ def start_bench_serving(
     (``benchmarks/_bench_lib.py``: offline ``random-ids``, fixed seed, so the same prompts on
     every server; greedy), ``length`` input and output tokens, per-request details in
     ``out_file``."""
-    bench_dir = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    if bench_dir not in sys.path:
-        sys.path.insert(0, bench_dir)
     from _bench_lib import bench_serving_argv
 
     load = SimpleNamespace(

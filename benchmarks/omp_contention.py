@@ -1,5 +1,5 @@
 """How a background torch thread slows a 2-thread torch loop on a CPU host: the measurement
-behind the SPECBLOCK adaptation trainer's CPU setup (``adapt_train``: one intra-op thread,
+behind the SPECBLOCK adaptation trainer's CPU setup (``adapt/update.py``: one intra-op thread,
 raised niceness).
 
 The main thread runs a small MLP-like loop with 2 intra-op threads (as a serving scheduler

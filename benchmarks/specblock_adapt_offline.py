@@ -1,5 +1,5 @@
 """The learning half of SPECBLOCK's adaptation (paper §3.4), isolated from serving: how the
-held-out acceptance length of the drafter moves as ``adapt_train`` updates it on an
+held-out acceptance length of the drafter moves as ``adapt/update.py`` updates it on an
 out-of-domain stream.
 
 The stream is ``bench_specblock_adapt``'s natural-language prompts (the drafter was trained on
@@ -30,17 +30,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_specblock_adapt import build_stream
 
-from sgl_spec.models.evaluate import greedy_continuation
+from sgl_spec.models.build.evaluate import greedy_continuation
 from sgl_spec.models.registry import resolve_model_path
-from sgl_spec.specblock.adapt import Action, AdaptConfig
-from sgl_spec.specblock.adapt_train import (
+from sgl_spec.specblock.adapt.policy import Action, AdaptConfig
+from sgl_spec.specblock.adapt.update import (
     DrafterCopies,
     TrainExample,
     cut_windows,
 )
-from sgl_spec.specblock.data import aux_hidden_states
-from sgl_spec.specblock.evaluate import chain_acceptance
 from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.training.data import aux_hidden_states
+from sgl_spec.specblock.training.evaluate import chain_acceptance
 from sgl_spec.training.cli import load_frozen_target
 
 

@@ -218,7 +218,7 @@ class SpecConfig:
         if self.specblock_adapt_options is not None:
             if not self.specblock_adapt:
                 raise ConfigError("--specblock-adapt-options needs --specblock-adapt")
-            from sgl_spec.specblock.adapt import AdaptConfig
+            from sgl_spec.specblock.adapt.policy import AdaptConfig
 
             try:
                 AdaptConfig.parse(self.specblock_adapt_options)

@@ -52,7 +52,7 @@ def build(
     from sgl_spec.mtp.adapter_io import save_adapter
     from sgl_spec.mtp.config import BaseDims, MtpAdapterConfig
     from sgl_spec.mtp.gated_lora import MtpAdapter
-    from sgl_spec.specblock.trainer import build_drafter
+    from sgl_spec.specblock.training.trainer import build_drafter
 
     hidden, layers, heads, kv_heads, inter = PRESETS[preset]
     if not 1 <= draft_layers < layers:

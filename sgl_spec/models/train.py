@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.models import corpus, specs, tokenizer
-from sgl_spec.models.data import cached_stream
+from sgl_spec.models.build import corpus, specs, tokenizer
+from sgl_spec.models.build.data import cached_stream
+from sgl_spec.models.build.trainer import TrainConfig, distill_loss, lm_loss, train
 from sgl_spec.models.registry import SHIPPED_MODELS
-from sgl_spec.models.trainer import TrainConfig, distill_loss, lm_loss, train
 
 DEFAULT_WORK = Path.home() / ".cache" / "sgl_spec" / "tiny-code"
 DEFAULT_TARGET_OUT = SHIPPED_MODELS["sgl-spec/tiny-code"]
@@ -121,7 +121,7 @@ def cmd_target(args: argparse.Namespace) -> None:
 
 def _export(model: torch.nn.Module, args: argparse.Namespace, ids: dict) -> None:
     """Write ``model`` as an HF model dir with the shared tokenizer (target and draft alike)."""
-    from sgl_spec.models.export import save_model_dir
+    from sgl_spec.models.build.export import save_model_dir
 
     save_model_dir(
         model,
@@ -150,7 +150,7 @@ def init_draft_from_target(draft: torch.nn.Module, target: torch.nn.Module) -> N
 
 def cmd_draft(args: argparse.Namespace) -> None:
     """Distil the draft from the target's logits on the corpus."""
-    from sgl_spec.models.export import load_model_dir
+    from sgl_spec.models.build.export import load_model_dir
 
     tok, stream = _streams(args.work)
     ids = tokenizer.special_token_ids(tok)
@@ -182,8 +182,8 @@ def cmd_draft(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     """Held-out metrics and timings, then the model cards of both directories."""
-    from sgl_spec.models.card import write_cards
-    from sgl_spec.models.evaluate import evaluate_pair
+    from sgl_spec.models.build.card import write_cards
+    from sgl_spec.models.build.evaluate import evaluate_pair
 
     tok = tokenizer.load_tokenizer(args.work / "tokenizer")
     eval_stream = cached_stream(

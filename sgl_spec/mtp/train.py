@@ -19,7 +19,7 @@ import torch
 from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.config import BaseDims, MtpAdapterConfig
 from sgl_spec.mtp.gated_lora import MtpAdapter, attach_to_hf_model
-from sgl_spec.mtp.trainer import MtpTrainConfig, train_adapter
+from sgl_spec.mtp.training.trainer import MtpTrainConfig, train_adapter
 from sgl_spec.training import cli
 from sgl_spec.training.greedy_data import DEFAULT_CACHE
 
@@ -33,7 +33,7 @@ def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, .
         if len(ids) != k_max:
             raise SystemExit(f"--mask-token-ids needs {k_max} ids (--k-max), got {list(ids)}")
         return ids
-    from sgl_spec.models.tokenizer import RESERVED_TOKENS
+    from sgl_spec.models.build.tokenizer import RESERVED_TOKENS
 
     ids = []
     for tok in RESERVED_TOKENS[:k_max]:
@@ -50,7 +50,7 @@ def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, .
 
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log (also written to the card)."""
-    from sgl_spec.mtp.card import write_card
+    from sgl_spec.mtp.training.card import write_card
 
     t_start = time.time()
     target = cli.load_frozen_target(args.target)
@@ -148,7 +148,7 @@ def stored_agreement(
     mask_ids: tuple[int, ...],
 ) -> dict:
     """The held-out mask agreement of the adapter as stored in ``out`` (its storage dtype)."""
-    from sgl_spec.mtp.evaluate import mask_agreement
+    from sgl_spec.mtp.training.evaluate import mask_agreement
 
     stored, _ = load_adapter(out, model.config)
     with attach_to_hf_model(model, stored) as handle:

@@ -134,7 +134,7 @@ class DraftResult:
     num_blocks: list[int] = field(default_factory=list)  # blocks drafted per round
     round_logits: list[torch.Tensor] = field(default_factory=list)  # [bs, width, K, V_d]
     # per tree, per node: (round, row, slot) of the draft distribution that proposed it (the
-    # root: (-1, -1, -1)); siblings share one. Read by serving-time adaptation (``adapt_serving``).
+    # root: (-1, -1, -1)); siblings share one. Read by serving-time adaptation (``adapt/serving.py``).
     node_source: list[list[tuple[int, int, int]]] = field(default_factory=list)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl_spec.config import SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
-from sgl_spec.specblock.adapt import AdaptConfig
+from sgl_spec.specblock.adapt.policy import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
 
 

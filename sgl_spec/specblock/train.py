@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.specblock.data import draft_vocab
 from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
+from sgl_spec.specblock.training.data import draft_vocab
+from sgl_spec.specblock.training.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
 from sgl_spec.training import cli
 from sgl_spec.training.greedy_data import DEFAULT_CACHE as GREEDY_CACHE
 
@@ -43,7 +43,7 @@ def save_drafter(drafter: SpecBlockDrafter, out: Path, storage_dtype: torch.dtyp
 
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log with the held-out metrics."""
-    from sgl_spec.specblock.card import write_card
+    from sgl_spec.specblock.training.card import write_card
 
     t_start = time.time()
     frozen = cli.load_frozen_target(args.target)
@@ -111,7 +111,7 @@ def stored_chain_acceptance(
     args: argparse.Namespace, target: torch.nn.Module, eval_data: torch.Tensor
 ) -> dict:
     """The held-out chain acceptance of the drafter as stored in ``--out`` (its storage dtype)."""
-    from sgl_spec.specblock.evaluate import chain_acceptance
+    from sgl_spec.specblock.training.evaluate import chain_acceptance
 
     stored = SpecBlockDrafter.from_pretrained(args.out).eval()
     return chain_acceptance(

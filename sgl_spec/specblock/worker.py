@@ -27,7 +27,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.config import SpecConfig
-from sgl_spec.specblock.adapt_serving import OnlineAdapter
+from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
@@ -271,7 +271,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         return result
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
-        """Feed the verify outcome to the online adapter (``adapt_serving``); it only changes
+        """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
         later drafts, and a failure in it is logged, never raised."""
         try:
             bs = len(paths)

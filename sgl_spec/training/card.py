@@ -3,8 +3,8 @@
 tables, code blocks), the "Training" section with the command and the loss curve, and the
 closing "Use" / "Reproduce" sections of an adapter or drafter card.
 
-The cards of the shipped target/draft pair (``sgl_spec.models.card``), of an MTP adapter
-(``sgl_spec.mtp.card``) and of a SpecBlock drafter (``sgl_spec.specblock.card``) keep only their
+The cards of the shipped target/draft pair (``sgl_spec.models.build.card``), of an MTP adapter
+(``sgl_spec.mtp.training.card``) and of a SpecBlock drafter (``sgl_spec.specblock.training.card``) keep only their
 own prose and tables and build them from these, so the three stay laid out alike.
 """
 

@@ -120,8 +120,8 @@ class FrozenTarget:
 
 def load_frozen_target(target: str) -> FrozenTarget:
     """``--target`` (registered name or model dir) loaded in fp32 with ``requires_grad`` off."""
-    from sgl_spec.models.export import load_model_dir
-    from sgl_spec.models.tokenizer import load_tokenizer
+    from sgl_spec.models.build.export import load_model_dir
+    from sgl_spec.models.build.tokenizer import load_tokenizer
 
     path = Path(resolve_model_path(target))
     model = load_model_dir(path)

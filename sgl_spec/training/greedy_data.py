@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.models.corpus import load_split
-from sgl_spec.models.data import eval_windows
+from sgl_spec.models.build.corpus import load_split
+from sgl_spec.models.build.data import eval_windows
 
 DEFAULT_CACHE = Path.home() / ".cache" / "sgl_spec" / "mtp"
 
@@ -96,7 +96,7 @@ def greedy_extend(
     num_new: int,
 ) -> torch.Tensor:  # [n, prompt_len + num_new]
     """Prompts followed by the model's greedy continuation (KV cache, never stopping early)."""
-    from sgl_spec.models.evaluate import greedy_continuation
+    from sgl_spec.models.build.evaluate import greedy_continuation
 
     return torch.cat([prompts, greedy_continuation(model, prompts, num_new)], dim=1)
 

@@ -1,5 +1,5 @@
-"""The optimisation loop of the adapter and drafter trainers (``sgl_spec.mtp.trainer``,
-``sgl_spec.specblock.trainer``).
+"""The optimisation loop of the adapter and drafter trainers (``sgl_spec.mtp.training.trainer``,
+``sgl_spec.specblock.training.trainer``).
 
 A trainer brings one step: ``step_fn(step)`` draws the batch of ``step`` (a pure function of
 ``(seed, step)``), runs the forward and returns the loss and that step's log values. The rest is
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from sgl_spec.models.trainer import (
+from sgl_spec.models.build.trainer import (
     check_resumable,
     checkpoint_due,
     lr_at,
@@ -40,7 +40,7 @@ StepFn = Callable[[int], tuple[torch.Tensor, dict[str, Any]]]
 
 class LoopConfig(Protocol):
     """The fields the loop reads; a frozen dataclass whose names match
-    ``sgl_spec.models.trainer.TrainConfig`` (so ``lr_at`` and ``check_resumable`` apply)."""
+    ``sgl_spec.models.build.trainer.TrainConfig`` (so ``lr_at`` and ``check_resumable`` apply)."""
 
     steps: int
     lr: float

@@ -135,7 +135,7 @@ def _save(model, out_dir: Path, tokenizer_dir: Path | None) -> None:
 
 
 def build_corpus(root: Path) -> Path:
-    """A corpus directory (``train.jsonl`` / ``eval.jsonl``, the layout ``sgl_spec.models.corpus``
+    """A corpus directory (``train.jsonl`` / ``eval.jsonl``, the layout ``sgl_spec.models.build.corpus``
     writes) of a few stdlib modules, for the training CLIs."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     root.mkdir(parents=True, exist_ok=True)
@@ -197,10 +197,14 @@ def train_specblock_drafter(
     import torch
     from transformers import AutoTokenizer
 
-    from sgl_spec.models.evaluate import greedy_continuation
-    from sgl_spec.models.export import load_model_dir
-    from sgl_spec.specblock.data import draft_vocab
-    from sgl_spec.specblock.trainer import SpecBlockTrainConfig, build_drafter, train_drafter
+    from sgl_spec.models.build.evaluate import greedy_continuation
+    from sgl_spec.models.build.export import load_model_dir
+    from sgl_spec.specblock.training.data import draft_vocab
+    from sgl_spec.specblock.training.trainer import (
+        SpecBlockTrainConfig,
+        build_drafter,
+        train_drafter,
+    )
     from sgl_spec.training.loop import RunOptions
 
     prompt_len, new_tokens, num_seqs = 16, 48, 48

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgl_spec.models import corpus, specs
-from sgl_spec.models.data import encode_stream, sample_batch
-from sgl_spec.models.evaluate import acceptance_rates, expected_acceptance_length
-from sgl_spec.models.export import load_model_dir
+from sgl_spec.models.build import corpus, specs
+from sgl_spec.models.build.data import encode_stream, sample_batch
+from sgl_spec.models.build.evaluate import acceptance_rates, expected_acceptance_length
+from sgl_spec.models.build.export import load_model_dir
+from sgl_spec.models.build.tokenizer import RESERVED_TOKENS, SPECIAL_TOKENS, load_tokenizer
+from sgl_spec.models.build.trainer import TrainConfig, lm_loss, train
 from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped, resolve_model_path
-from sgl_spec.models.tokenizer import RESERVED_TOKENS, SPECIAL_TOKENS, load_tokenizer
-from sgl_spec.models.trainer import TrainConfig, lm_loss, train
 
 PROMPT = "import os\n\n\ndef read_file(path):\n    with open(path) as f:\n"
 
@@ -237,7 +237,7 @@ def test_resume_refuses_missing_or_mismatched_checkpoint(tok, tiny_stream, tmp_p
 
 
 def test_batches_depend_only_on_seed_and_step(tiny_stream):
-    from sgl_spec.models.data import batch_generator
+    from sgl_spec.models.build.data import batch_generator
 
     x1, y1 = sample_batch(tiny_stream, 4, 16, batch_generator(0, 5))
     x2, _ = sample_batch(tiny_stream, 4, 16, batch_generator(0, 5))

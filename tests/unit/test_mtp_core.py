@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgl_spec.models.export import load_model_dir
+from sgl_spec.models.build.export import load_model_dir
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
 from sgl_spec.mtp.adapter_io import load_adapter, save_adapter
 from sgl_spec.mtp.gated_lora import (
@@ -33,7 +33,7 @@ from sgl_spec.mtp.layout import (
     tree_mask,
     tree_mask_reference,
 )
-from sgl_spec.mtp.trainer import hf_attention_mask, mask_logits
+from sgl_spec.mtp.training.trainer import hf_attention_mask, mask_logits
 from tests.helpers.tiny_models import build_corpus
 
 # --- gated LoRA on the shipped target -------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sgl_spec.config import ConfigError, split_argv
-from sgl_spec.specblock.adapt import (
+from sgl_spec.specblock.adapt.policy import (
     Action,
     AdaptConfig,
     CostAwareBandit,
@@ -24,8 +24,8 @@ from sgl_spec.specblock.adapt import (
     ewma,
     rejection_signal,
 )
-from sgl_spec.specblock.adapt_serving import OnlineAdapter, _Query, rejected_prob
-from sgl_spec.specblock.adapt_train import (
+from sgl_spec.specblock.adapt.serving import OnlineAdapter, _Query, rejected_prob
+from sgl_spec.specblock.adapt.update import (
     BackgroundTrainer,
     DrafterCopies,
     TrainExample,
@@ -33,7 +33,7 @@ from sgl_spec.specblock.adapt_train import (
     cut_windows,
 )
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, grow_trees
-from sgl_spec.specblock.losses import target_to_draft_map
+from sgl_spec.specblock.training.losses import target_to_draft_map
 from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 torch.set_num_threads(1)
@@ -306,7 +306,7 @@ def test_cpu_trainer_thread_runs_single_threaded_at_lowered_priority(caplog):
     """Serving keeps the cores: the training thread runs one intra-op thread and
     ``trainer_nice`` above the serving thread's niceness (0 leaves the niceness alone), and
     logs both; the serving thread keeps its own thread count and niceness."""
-    caplog.set_level("INFO", logger="sgl_spec.specblock.adapt_train")
+    caplog.set_level("INFO", logger="sgl_spec.specblock.adapt.update")
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     torch.set_num_threads(2)
     try:

@@ -16,7 +16,7 @@ from sgl_spec.models.registry import resolve_model_path
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import DraftSettings, extend_prefix, grow_trees
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.specblock.trainer import chain_forward
+from sgl_spec.specblock.training.trainer import chain_forward
 from sgl_spec.verify.packing import (
     FULL_MASK,
     QLEN_ONLY,

@@ -10,12 +10,19 @@ import math
 import pytest
 import torch
 
-from sgl_spec.models.evaluate import greedy_continuation
-from sgl_spec.models.export import load_model_dir
-from sgl_spec.specblock.data import aux_hidden_states, draft_vocab
-from sgl_spec.specblock.evaluate import bucket_report, chain_acceptance, chain_rates, replay_tau
+from sgl_spec.models.build.evaluate import greedy_continuation
+from sgl_spec.models.build.export import load_model_dir
 from sgl_spec.specblock.layout import IGNORE_INDEX, block_labels, chain_attention_mask
-from sgl_spec.specblock.losses import (
+from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
+from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.training.data import aux_hidden_states, draft_vocab
+from sgl_spec.specblock.training.evaluate import (
+    bucket_report,
+    chain_acceptance,
+    chain_rates,
+    replay_tau,
+)
+from sgl_spec.specblock.training.losses import (
     block_draft_loss,
     bucket_labels,
     chain_loss,
@@ -23,9 +30,7 @@ from sgl_spec.specblock.losses import (
     target_to_draft_map,
     valid_prefix_mask,
 )
-from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
-from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.trainer import (
+from sgl_spec.specblock.training.trainer import (
     SpecBlockTrainConfig,
     build_drafter,
     chain_forward,

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.models.data import batch_generator
+from sgl_spec.models.build.data import batch_generator
 from sgl_spec.specblock.config import SpecBlockConfig
-from sgl_spec.specblock.data import aux_hidden_states
 from sgl_spec.specblock.layout import (
     block_labels,
     chain_attention_mask,
@@ -31,8 +30,9 @@ from sgl_spec.specblock.layout import (
     gather_slot,
     sample_cuts,
 )
-from sgl_spec.specblock.losses import LossBreakdown, chain_loss, target_to_draft_map
 from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.training.data import aux_hidden_states
+from sgl_spec.specblock.training.losses import LossBreakdown, chain_loss, target_to_draft_map
 from sgl_spec.training.loop import RunOptions, train_loop
 
 
@@ -40,7 +40,7 @@ from sgl_spec.training.loop import RunOptions, train_loop
 class SpecBlockTrainConfig:
     """Optimisation hyper-parameters; stored in the checkpoint and checked on ``--resume``.
 
-    Field names match ``sgl_spec.models.trainer.TrainConfig`` where they mean the same, so its
+    Field names match ``sgl_spec.models.build.trainer.TrainConfig`` where they mean the same, so its
     ``lr_at`` (warm-up / constant / cosine) and ``check_resumable`` apply unchanged. AdamW keeps
     PyTorch's default betas and the paper's gradient clip of 0.5 (§4.1, App. A.1).
     """

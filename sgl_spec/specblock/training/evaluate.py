@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import torch
 
-from sgl_spec.specblock.data import aux_hidden_states
-from sgl_spec.specblock.losses import bucket_labels, target_to_draft_map, to_draft_ids
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.rank import NUM_BUCKETS
-from sgl_spec.specblock.trainer import chain_forward
+from sgl_spec.specblock.training.data import aux_hidden_states
+from sgl_spec.specblock.training.losses import bucket_labels, target_to_draft_map, to_draft_ids
+from sgl_spec.specblock.training.trainer import chain_forward
 
 
 def chain_rates(correct: torch.Tensor) -> dict:  # correct: [num_chains, depth] bool

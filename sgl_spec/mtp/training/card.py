@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sgl_spec.models.export import read_json
+from sgl_spec.models.build.export import read_json
 from sgl_spec.mtp.adapter_io import CONFIG_FILE, WEIGHTS_FILE
 from sgl_spec.training.card import (
     field_table,
@@ -128,7 +128,7 @@ with all {k_max} labels inside the sequence):""",
 
 
 def _use_code(base_model: str, name: str) -> str:
-    return f"""from sgl_spec.models.export import load_model_dir
+    return f"""from sgl_spec.models.build.export import load_model_dir
 from sgl_spec.models.registry import resolve_model_path
 from sgl_spec.mtp.adapter_io import load_adapter
 from sgl_spec.mtp.gated_lora import attach_to_hf_model

@@ -22,7 +22,7 @@ import torch
 
 from sgl_spec.mtp.gated_lora import MtpHandle
 from sgl_spec.mtp.layout import training_layout
-from sgl_spec.mtp.trainer import mask_logits
+from sgl_spec.mtp.training.trainer import mask_logits
 
 
 def agreement_rates(correct: torch.Tensor) -> dict:  # correct: [num_anchors, k] bool

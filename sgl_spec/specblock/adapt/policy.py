@@ -18,7 +18,7 @@ Per finished *query* (one served request) the worker reports the verifier-derive
 
 Constants from App. A.3 / §3.4: warm-up 10 queries, cold start of 8 events with epsilon 0.30 ->
 0.10, 2 queries blocked after each train event, s_min = 5, alpha = 0.10, lambda = 0.01 (used by
-``adapt_train``). Our choices, where the paper gives none, are marked "(ours)" on the fields.
+``adapt/update.py``). Our choices, where the paper gives none, are marked "(ours)" on the fields.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.models.data import batch_generator
+from sgl_spec.models.build.data import batch_generator
 from sgl_spec.mtp.gated_lora import MtpAdapter, MtpHandle
 from sgl_spec.mtp.layout import IGNORE_INDEX, TrainingLayout, additive_mask, training_layout
 from sgl_spec.training.loop import RunOptions, train_loop
@@ -33,7 +33,7 @@ from sgl_spec.training.loop import RunOptions, train_loop
 class MtpTrainConfig:
     """Optimisation hyper-parameters; stored in the checkpoint and checked on ``--resume``.
 
-    Field names match ``sgl_spec.models.trainer.TrainConfig`` where they mean the same, so its
+    Field names match ``sgl_spec.models.build.trainer.TrainConfig`` where they mean the same, so its
     ``lr_at`` (warm-up / constant / cosine) and ``check_resumable`` apply unchanged.
     """
 

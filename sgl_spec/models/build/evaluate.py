@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from sgl_spec.models.data import eval_windows
-from sgl_spec.models.export import load_model_dir, weights_megabytes
-from sgl_spec.models.specs import count_parameters
+from sgl_spec.models.build.data import eval_windows
+from sgl_spec.models.build.export import load_model_dir, weights_megabytes
+from sgl_spec.models.build.specs import count_parameters
 
 
 @torch.no_grad()

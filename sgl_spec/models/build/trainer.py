@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.models.data import batch_generator, sample_batch
+from sgl_spec.models.build.data import batch_generator, sample_batch
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sgl_spec.models.export import read_json
+from sgl_spec.models.build.export import read_json
 from sgl_spec.training.card import (
     LOSS_PNG,
     METRICS_JSON,
@@ -32,7 +32,7 @@ _VOCAB_NOTE = (
     "`<\\|reserved_0..15\\|>`)"
 )
 
-_WHY_THIS_SIZE = """Why this size: see `sgl_spec/models/specs.py` (the target's batch-16 decode forward must be a
+_WHY_THIS_SIZE = """Why this size: see `sgl_spec/models/build/specs.py` (the target's batch-16 decode forward must be a
 real cost next to SGLang's per-step overhead while training in about an hour on one CPU core;
 tied embeddings keep target + draft under the 64 MB package budget)."""
 

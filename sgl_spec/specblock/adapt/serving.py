@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sgl_spec.specblock.adapt import Action, AdaptConfig, CostAwareBandit, Mark
-from sgl_spec.specblock.adapt_train import (
+from sgl_spec.specblock.adapt.policy import Action, AdaptConfig, CostAwareBandit, Mark
+from sgl_spec.specblock.adapt.update import (
     BackgroundTrainer,
     DrafterCopies,
     TrainExample,
     cut_windows,
 )
-from sgl_spec.specblock.losses import target_to_draft_map
 from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.training.losses import target_to_draft_map
 
 logger = logging.getLogger(__name__)
 

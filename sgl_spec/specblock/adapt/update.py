@@ -40,11 +40,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_spec.specblock.adapt import Action, AdaptConfig
+from sgl_spec.specblock.adapt.policy import Action, AdaptConfig
 from sgl_spec.specblock.layout import IGNORE_INDEX
-from sgl_spec.specblock.losses import chain_loss, target_to_draft_map
 from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.trainer import chain_forward
+from sgl_spec.specblock.training.losses import chain_loss, target_to_draft_map
+from sgl_spec.specblock.training.trainer import chain_forward
 
 logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 30.0  # the trainer thread fixing its thread count takes milliseconds

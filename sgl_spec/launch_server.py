@@ -29,11 +29,8 @@ def is_cpu_host() -> bool:
 # glibc malloc settings for the CPU engine's processes (read by each spawned process at start).
 # A forward's large temporaries (attention's gathered K/V, the MLP's activations: megabytes at
 # batch 8) sit around glibc's *dynamic* mmap threshold; a process whose threshold has not
-# risen past them maps and unmaps them on every call and pays a page fault per 4 KiB touched.
-# Measured on the 2-vCPU host (MTP_LORA `auto`, concurrency 8, one server per run): 2-5 million
-# minor faults per 3072-token run at 150-210 tok/s in that state, a few faults at 255 tok/s
-# once the threshold had risen, and which state a server landed in varied from run to run.
-# Pinning the threshold at glibc's maximum (32 MiB) and keeping freed memory instead of
+# risen past them maps and unmaps them on every call and pays a page fault per 4 KiB touched,
+# and which state a server lands in varies from run to run (docs/cpu.md). Pinning the threshold at glibc's maximum (32 MiB) and keeping freed memory instead of
 # trimming it serves those temporaries from the heap in every process from the start.
 CPU_MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024),

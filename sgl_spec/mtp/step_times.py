@@ -26,9 +26,8 @@ class StepTimes:
     ``min_samples`` observations. Noise only ever adds time: the first steps after start-up
     (lazy initialisation) and bursts of host contention make steps several times slower. T(0)
     and T(k) are sampled at different times, so a median still follows a burst that lasts
-    half a window -- measured here: a burst doubled the recent plain steps, T(0)/T(1) read
-    0.85 instead of 0.52, and k = 1 ran for 144 steps at 0.8x. A low quantile keeps the cost
-    of the step itself."""
+    half a window and makes a slower k look cheap; a low quantile keeps the cost of the step
+    itself."""
 
     window: int = 9
     min_samples: int = 3

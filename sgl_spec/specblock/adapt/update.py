@@ -19,10 +19,10 @@ control", Algorithm 1 lines 14-16 and 23, App. A.3). No SGLang import.
   (``torch.set_num_threads(1)`` from it: OpenMP's thread count is per calling thread) and
   lowers its own scheduling priority (``trainer_nice``; Linux niceness is per thread): serving
   keeps the cores and the update runs in what it leaves, the CPU counterpart of the paper's
-  separate training stream. Both matter, measured on a 2-core host: a 2-thread OpenMP team
-  in the trainer makes GNU OpenMP see more threads than cores and throttle the spin-wait of
-  *every* team, serving's included -- serving steps were ~40% slower for the rest of the run,
-  niceness or not -- and a single un-niced thread still preempts serving's workers.
+  separate training stream. Both matter: a 2-thread OpenMP team in the trainer makes GNU
+  OpenMP see more threads than cores and throttle the spin-wait of *every* team, serving's
+  included (niceness or not; benchmarks/omp_contention.py), and a single un-niced thread still
+  preempts serving's workers.
   ``set_num_threads`` also sets the count that threads created later (and threads that have
   not run a parallel op yet) start with, so the thread that starts the trainer fixes its own
   count first and, once the trainer has fixed its own, sets the default back to it.

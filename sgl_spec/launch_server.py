@@ -15,6 +15,7 @@ import sys
 
 from sgl_spec.argv import LaunchArgs, flag_value, has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
+from sgl_spec.cpu_memory import size_cpu_kv_pool, total_ram_bytes
 from sgl_spec.model_defaults import prepare_model_args
 
 logger = logging.getLogger("sgl_spec.launch_server")
@@ -57,7 +58,8 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
     float16 (the GPU convention); on a CPU without native half-precision matrix units a
     half-precision GEMM runs in PyTorch's generic kernel, whose cost grows faster with the
-    rows of a verify block than float32's BLAS does (docs/notebook/results-log.md, session 17)."""
+    rows of a verify block than float32's BLAS does (docs/notebook/results-log.md, session 17).
+    The KV pool is sized from the model unless the user sized it (``cpu_memory``)."""
     argv = list(argv)
     if not has_flag(argv, "--device"):
         argv += ["--device", "cpu"]
@@ -72,6 +74,10 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
         argv += ["--attention-backend", "intel_amx"]
     if not has_flag(argv, "--disable-overlap-schedule", "--enable-overlap-schedule"):
         argv += ["--disable-overlap-schedule"]
+    sizing = size_cpu_kv_pool(argv, total_ram_bytes())
+    if sizing is not None:
+        argv += ["--max-total-tokens", str(sizing.max_total_tokens)]
+        logger.info("sgl_spec: %s", sizing.reason)
     return argv
 
 
@@ -135,6 +141,11 @@ def main(argv: list[str]) -> None:
     if has_flag(argv, "-h", "--help"):
         print_help()
         return
+    logging.basicConfig(  # SGLang configures its own logging later, in run_server
+        level=(flag_value(argv, "--log-level") or "info").upper(),
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+    )
     try:
         config, sglang_argv = split_argv(argv)
         sglang_argv = prepare_model_args(sglang_argv)

@@ -3,17 +3,21 @@ speculative decoding (shipped draft) and continues held-out code plausibly."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
-from tests.helpers.server_utils import Server
+from tests.helpers.server_utils import DEFAULT_POOL_ARGS, Server
 
 HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
 
 
 @pytest.fixture(scope="module")
 def default_server(tmp_path_factory):
-    server = Server([], tmp_path_factory.mktemp("logs") / "default.log")
+    # No memory flags: the launcher sizes the KV pool (checked below).
+    log = tmp_path_factory.mktemp("logs") / "default.log"
+    server = Server([], log, common=DEFAULT_POOL_ARGS)
     yield server
     server.stop()
 
@@ -50,6 +54,32 @@ def test_default_server_chat_template(default_server) -> None:
 def test_invalid_prompts_rejected_server_keeps_serving(default_server) -> None:
     """STANDALONE (no flags): empty and out-of-vocabulary prompts get a 400, not a crash."""
     assert_invalid_prompts_rejected(default_server.url)
+
+
+# What a default server may hold resident, all its processes together: the interpreter and
+# libraries of the launcher, scheduler and detokenizer (about 1.1 GiB each), the weights, and
+# the KV pool the launcher chose (with slack for allocator rounding).
+FIXED_RSS_GIB = 4.5
+POOL_RSS_SLACK = 1.25
+
+
+@pytest.mark.server
+def test_default_server_sizes_kv_pool_from_the_model(default_server) -> None:
+    """No memory flag: the pool holds what the model and context need, not 72% of the host's
+    RAM; the start-up log says what was chosen, the server uses it, and its processes stay
+    under the stated bound."""
+    import psutil
+    import requests
+
+    log = default_server.log_path.read_text(errors="replace")
+    match = re.search(r"CPU KV pool: --max-total-tokens (\d+) .*?, ([\d.]+) GiB\)", log)
+    assert match, log[-3000:]
+    tokens, pool_gib = int(match.group(1)), float(match.group(2))
+    info = requests.get(default_server.url + "/get_server_info", timeout=30).json()
+    assert info["max_total_num_tokens"] == tokens
+    root = psutil.Process(default_server.proc.pid)
+    rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**30
+    assert rss < FIXED_RSS_GIB + POOL_RSS_SLACK * pool_gib, (rss, pool_gib)
 
 
 @pytest.fixture(scope="module")

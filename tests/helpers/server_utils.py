@@ -20,13 +20,21 @@ COMMON_ARGS = [
     "--skip-server-warmup",
     "--log-level", "warning",
 ]  # fmt: skip
+# The launcher's own KV pool sizing (sgl_spec/cpu_memory.py) instead of the test's small pool.
+DEFAULT_POOL_ARGS = ["--dtype", "float32", "--skip-server-warmup"]
 
 
 class Server(ServerProcess):
     """A ready server on a free port; ``stop()`` when done."""
 
-    def __init__(self, args: list[str], log_path: Path, timeout: float = 420.0) -> None:
-        super().__init__([*COMMON_ARGS, *args], pick_port(), log_path)
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        timeout: float = 420.0,
+        common: list[str] = COMMON_ARGS,
+    ) -> None:
+        super().__init__([*common, *args], pick_port(), log_path)
         try:
             self.wait_ready(timeout)
         except Exception:

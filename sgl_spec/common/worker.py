@@ -14,6 +14,8 @@ import torch
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from sgl_spec.common.metrics import SpecMetrics
+
 
 class TargetWrappingWorker(BaseSpecWorker):
     # The algorithm's name, for errors.
@@ -27,6 +29,7 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.model_runner = target_worker.model_runner
         self.device = target_worker.device
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
+        self.metrics = SpecMetrics(self.name, server_args)
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted

@@ -168,7 +168,7 @@ class MineDraftWorker(TargetWrappingWorker):
             submitted = False
         verify_tic = time.perf_counter()
         num_undrafted = sum(1 for i in target_rows if self._take_drafts(batch.reqs[i]) is None)
-        result = self._verify(batch, target_rows)
+        result, num_offered = self._verify(batch, target_rows)
         verify_s = time.perf_counter() - verify_tic
         if submitted:
             sync_tic = time.perf_counter()
@@ -186,6 +186,10 @@ class MineDraftWorker(TargetWrappingWorker):
             verify_s=verify_s if parallel else time.perf_counter() - tic,
             draft_s=draft_s,
             wait_s=wait_s,
+        )
+        self.metrics.observe_step([a - 1 for a in accept], num_offered, draft_s, verify_s)
+        self.metrics.observe_phase(
+            self.stats.overlap_bound, len(target_rows), len(draft_rows), self.link.num_restarts
         )
         self.manager.alternate(plan)
         if self.stats.phases % self.log_every == 0:
@@ -238,7 +242,9 @@ class MineDraftWorker(TargetWrappingWorker):
 
     # ---- verify ------------------------------------------------------------------------------
 
-    def _verify(self, batch, rows: list[int]) -> GenerationBatchResult:
+    def _verify(self, batch, rows: list[int]) -> tuple[GenerationBatchResult, list[int]]:
+        """Verify ``rows`` with their drafts; returns SGLang's result and each row's number of
+        drafts verified."""
         sub = sub_batch(batch, rows)
         seq_lens = sub.seq_lens.tolist()
         roots = batch.spec_info.bonus_tokens[rows].tolist()
@@ -270,7 +276,7 @@ class MineDraftWorker(TargetWrappingWorker):
                 result.accept_lens.tolist(),
                 self.width,
             )
-        return result
+        return result, [min(tree.num_nodes - 1, self.width - 1) for tree in trees]
 
     def close(self) -> None:
         self.link.close()

@@ -382,6 +382,10 @@ class MtpLoraWorker(TargetWrappingWorker):
     ) -> None:
         bs = len(num_accepted)
         self.stats.record(k, bs, sum(num_accepted), seconds)
+        # Drafting shares the verify forward: the whole step is verify time.
+        offered = num_real.clamp(max=k).tolist() if k > 0 else [0] * bs
+        self.metrics.observe_step(num_accepted, offered, 0.0, seconds)
+        self.metrics.observe_k(k)
         if self.controller is not None:
             self.controller.observe_step(k, bs, seconds)
             if k > 0:

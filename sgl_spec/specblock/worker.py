@@ -323,14 +323,16 @@ class SpecBlockWorker(TargetWrappingWorker):
             offered_depth(tree.parents, path)
             for tree, path in zip(drafted.trees, paths, strict=True)
         ]
+        step_s = time.perf_counter() - tic
+        num_accepted = [len(p) - 1 for p in paths]
         self.stats.record_step(
-            [len(p) - 1 for p in paths],
-            offered,
-            num_nodes,
-            drafted.num_forwards + 1,
-            draft_s,
-            time.perf_counter() - tic,
+            num_accepted, offered, num_nodes, drafted.num_forwards + 1, draft_s, step_s
         )
+        self.metrics.observe_step(num_accepted, offered, draft_s, step_s - draft_s)
+        self.metrics.observe_trees(num_nodes)
+        if self.adapter is not None:
+            bandit = self.adapter.bandit
+            self.metrics.set_adaptation(bandit.num_updates, bandit.num_rollbacks)
         if self.stats.steps % LOG_EVERY_STEPS == 0:
             extra = "" if self.adapter is None else self.adapter.summary()
             logger.info(self.stats.summary(extra))

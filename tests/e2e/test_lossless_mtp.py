@@ -21,6 +21,7 @@ import pytest
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
 from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.lossless import assert_speculative_sampling_law, joint_law
+from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, total
 from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
@@ -46,6 +47,9 @@ def _mtp_args(k: int) -> list[str]:
         # Each request reserves 2 (k+1)^2 KV slots per step; with the tests' small pool an
         # unbounded batch of 6000 would be retracted over and over (correct, but slow).
         "--max-running-requests", "256",
+        "--enable-metrics",
+        "--log-level", "info",
+        "--decode-log-interval", "5",
     ]  # fmt: skip
 
 
@@ -80,6 +84,16 @@ def test_greedy_equals_baseline(servers, baseline) -> None:
     assert got == baseline
     accept = [m["spec_accept_length"] for m in meta]
     assert sum(accept) / len(accept) > 1.2, f"masks' drafts are rarely accepted: {accept}"
+
+
+def test_prometheus_metrics_match_responses(servers) -> None:
+    """SGLang's spec gauges and ours (per-position acceptance, step times, the chosen k) after
+    traffic agree with the responses' meta_info; the decode log line carries our figures."""
+    server = servers("k3")
+    after = check_spec_metrics(server, "MTP_LORA", PROMPTS[:4], max_drafts=3)
+    assert total(after, "sglang:spec_chosen_k_count", algorithm="MTP_LORA") > 0
+    assert total(after, "sglang:spec_chosen_k_sum", algorithm="MTP_LORA") > 0  # k = 3 steps
+    assert decode_log_suffixes(server, "MTP_LORA"), server.tail()
 
 
 @pytest.mark.server

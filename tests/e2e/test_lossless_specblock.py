@@ -30,6 +30,7 @@ from tests.helpers.lossless import (
     assert_speculative_sampling_law,
     joint_law,
 )
+from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, scrape, total
 from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
@@ -53,6 +54,8 @@ def _specblock_args(target, drafter, max_nodes: int = 16) -> list[str]:
         # Each request reserves 2 x 16 KV slots per step; bound the 6000-request batch.
         "--max-running-requests", "256",
         "--log-level", "info",
+        "--enable-metrics",
+        "--decode-log-interval", "5",
     ]  # fmt: skip
 
 
@@ -103,6 +106,16 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
         assert key in lines[-1]
 
 
+def test_prometheus_metrics_match_responses(servers) -> None:
+    """SGLang's spec gauges and ours (per-position acceptance, step times, tree sizes) after
+    traffic agree with the responses' meta_info; the decode log line carries our figures."""
+    server: Server = servers("specblock")
+    after = check_spec_metrics(server, "SPECBLOCK", PROMPTS[:4], max_drafts=8)
+    trees = total(after, "sglang:spec_tree_size_count", algorithm="SPECBLOCK")
+    assert trees > 0
+    assert decode_log_suffixes(server, "SPECBLOCK"), server.tail()
+
+
 @pytest.mark.server
 def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
     """SPECBLOCK: empty and out-of-vocabulary prompts get a 400, not a crash."""
@@ -125,6 +138,8 @@ def test_greedy_equals_baseline_with_adaptation(servers, baseline_greedy) -> Non
     assert [o["output_ids"] for o in first] == expected
     counts = _adapt_counts(server)
     assert counts and counts[-1] >= 1, f"no adaptation update was applied:\n{server.tail()}"
+    updates = total(scrape(server), "sglang:spec_adapt_updates_total", algorithm="SPECBLOCK")
+    assert updates >= 1
     second = [server.generate({"text": p, "sampling_params": params}) for p in prompts]
     assert [o["output_ids"] for o in second] == expected
     # Our own failure paths log "SPECBLOCK...failed" and carry on (adaptation must never fail a

@@ -39,6 +39,7 @@ from tests.helpers.lossless import (
     assert_three_token_law,
     joint_law,
 )
+from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, scrape, total
 from tests.helpers.server_utils import Server, ServerPool, finish_bench_serving, start_bench_serving
 from tests.helpers.tiny_models import constant_draft
 
@@ -64,6 +65,7 @@ def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):
             "--max-running-requests", "128",
             "--log-level", "info",
             "--decode-log-interval", "1",
+            "--enable-metrics",
         ]  # fmt: skip
         if algorithm == "MINEDRAFT":
             return [*flags, "--speculative-draft-device", "cpu:1"]
@@ -174,6 +176,8 @@ def test_draft_server_killed_during_bench_serving(
     assert [o["output_ids"] for o in again] == baseline_greedy["short"]
     last = _metrics(server)[-1]
     assert last["faults"] >= 1 and last["restarts"] >= 1, last
+    restarts = total(scrape(server), "sglang:spec_draft_server_restarts_total")
+    assert restarts >= 1
     assert last["parallel_steps"] > resumed_from["parallel_steps"], (resumed_from, last)
 
 
@@ -222,6 +226,17 @@ def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
     last = _metrics(server)[-1]
     for key in ("coverage", "mean_accept_length", "draft_ms", "verify_ms", "overlap_ms"):
         assert key in last, last
+
+
+def test_prometheus_metrics_match_responses(servers) -> None:
+    """SGLang's spec gauges and ours (per-position acceptance, step times, overlap ratio, batch
+    sizes, draft-server restarts) after traffic agree with the responses' meta_info."""
+    server = servers("minedraft")
+    after = check_spec_metrics(server, "MINEDRAFT", PROMPTS[:4], max_drafts=8)
+    assert 1.0 <= total(after, "sglang:spec_overlap_ratio", algorithm="MINEDRAFT") <= 2.0
+    sizes = total(after, "sglang:spec_batch_size_count", algorithm="MINEDRAFT", role="verify")
+    assert sizes > 0
+    assert decode_log_suffixes(server, "MINEDRAFT"), server.tail()
 
 
 @pytest.mark.server

@@ -1,13 +1,27 @@
 """The speculative algorithms sgl-spec adds to SGLang, and what the launcher does with them.
 
 Each entry implements ``sgl_spec.common.algorithm.Algorithm``; adding an algorithm is one line here.
+``prepare_launch`` is everything the launcher runs before SGLang starts: a bad launch, whichever
+the algorithm (SGLang's STANDALONE included), is refused there with a ``ConfigError`` naming the
+flag, in seconds, instead of failing once SGLang has spawned its scheduler and loaded models.
 """
 
 from __future__ import annotations
 
+import os
+
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
-from sgl_spec.config import ConfigError, SpecConfig
+from sgl_spec.config import ConfigError, SpecConfig, split_argv
+
+# Algorithms that size their drafts with flags of their own: SGLang's EAGLE-shape flags
+# (--speculative-num-steps / -eagle-topk / -num-draft-tokens) would be silently replaced.
+OWN_DRAFT_SHAPE = {
+    "MTP_LORA": "--mtp-k",
+    "SPECBLOCK": "--specblock-k, --specblock-m and --specblock-max-nodes",
+}
+SHAPE_FLAGS = ("num_steps", "eagle_topk", "num_draft_tokens")
+CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
 def all_algorithms() -> list[Algorithm]:
@@ -34,14 +48,154 @@ def with_shipped_defaults(config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
     return config
 
 
+def prepare_launch(argv: list[str]) -> tuple[SpecConfig, list[str]]:
+    """The launcher's argv -> (our validated config, SGLang's argv): our flags split off, the
+    shipped models filled in, then ``check_launch``. Pure apart from reading the files named."""
+    from sgl_spec.model_defaults import prepare_model_args
+
+    config, sglang_argv = split_argv(argv)
+    sglang_argv = prepare_model_args(sglang_argv)
+    launch = LaunchArgs.from_argv(sglang_argv)
+    config = with_shipped_defaults(config, launch)
+    check_launch(config, launch)
+    return config, sglang_argv
+
+
 def check_launch(config: SpecConfig, launch: LaunchArgs) -> None:
-    """In the launcher, before SGLang starts: every flag belongs to the chosen algorithm, and the
-    chosen algorithm's check passes; ``ConfigError`` naming the flag or file otherwise."""
-    config.check_algorithm(launch.algorithm)
+    """In the launcher, before SGLang starts: a known algorithm, a device this host has,
+    parallel settings it supports, every flag belonging to the chosen algorithm, and the chosen
+    algorithm's check; ``ConfigError`` naming the flag or file otherwise."""
     algorithm = find(launch.algorithm)
     if algorithm is None:
-        return
+        check_sglang_algorithm(launch.algorithm)
+    config.check_algorithm(launch.algorithm)
+    check_device(launch)
+    check_parallel(launch, algorithm)
     try:
+        if algorithm is None:
+            if launch.algorithm == "STANDALONE":
+                check_standalone(launch)
+            return
+        for name in SHAPE_FLAGS if algorithm.name in OWN_DRAFT_SHAPE else ():
+            if getattr(launch, name) is not None:
+                flag = "--speculative-" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag}: {algorithm.name} sizes its drafts with"
+                    f" {OWN_DRAFT_SHAPE[algorithm.name]}; drop {flag}"
+                )
         algorithm.check(config, launch)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def check_sglang_algorithm(name: str | None) -> None:
+    """``--speculative-algorithm`` names ours or one SGLang knows (its error comes late)."""
+    if name is None:
+        return
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    try:
+        SpeculativeAlgorithm.from_string(name)
+    except ValueError:
+        known = [a.name for a in all_algorithms()]
+        known += [a.name for a in SpeculativeAlgorithm if a.name != "NONE"]
+        raise ConfigError(
+            f"--speculative-algorithm {name} is unknown; choose one of {', '.join(known)}"
+        ) from None
+
+
+def check_device(launch: LaunchArgs) -> None:
+    """``--device cuda`` on a host whose PyTorch sees no GPU fails deep in SGLang's start."""
+    if not launch.device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {launch.device}: this host has no CUDA GPU that PyTorch can use"
+            " (torch.cuda.is_available() is False); serve with --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if launch.base_gpu_id >= count:
+        raise ConfigError(f"--base-gpu-id {launch.base_gpu_id}: this host has {count} GPU(s)")
+
+
+def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
+    """Ours serve one rank; STANDALONE has no DP attention; SGLang's CPU engine runs one rank
+    per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` gives each rank its cores."""
+    given = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (
+            ("tp_size", launch.tp_size),
+            ("pp_size", launch.pp_size),
+            ("dp_size", launch.dp_size),
+        )
+        if value != 1
+    ]
+    name = algorithm.name if algorithm is not None else launch.algorithm
+    if algorithm is not None and given:
+        raise ConfigError(f"{given[0]}: {name} serves one rank for now (tp, pp and dp size 1)")
+    if launch.enable_dp_attention and (algorithm is not None or name == "STANDALONE"):
+        raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
+    if launch.device != "cpu" or launch.num_ranks == 1:
+        return
+    bind = os.environ.get(CPU_BIND_ENV, "all")
+    if bind == "all":
+        from sglang.srt.utils.common import get_cpu_ids_by_node
+
+        nodes = len(get_cpu_ids_by_node()) or 1
+        if launch.num_ranks > nodes:
+            raise ConfigError(
+                f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
+                f" NUMA nodes and this host has {nodes}; set {CPU_BIND_ENV} to one core list"
+                " per rank (e.g. 0-15|16-31) or serve one rank"
+            )
+    elif len(bind.split("|")) < launch.num_ranks:
+        raise ConfigError(
+            f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
+            f" '|'-separated core lists in {CPU_BIND_ENV}, got {bind!r}"
+        )
+
+
+def check_standalone(launch: LaunchArgs) -> None:
+    """SGLang's STANDALONE: a whole draft model in the target's tokens, and an EAGLE draft
+    shape SGLang neither rewrites silently nor crashes on mid-serving."""
+    from sgl_spec.common.checkpoints import check_draft_model
+
+    if launch.draft_model_path is None:
+        raise ConfigError("STANDALONE needs --speculative-draft-model-path (the draft model)")
+    check_draft_model(launch.draft_model_path, launch)
+    check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
+
+
+def check_eagle_shape(steps: int | None, topk: int | None, tokens: int | None) -> None:
+    """SGLang's EAGLE-family draft shape: ``steps`` draft forwards, ``topk`` branches each,
+    ``tokens`` verified per request (root included). SGLang picks all three when none is given;
+    a chain (topk 1) verifies steps + 1; a tree at most 1 + topk + (steps - 1) * topk², the
+    candidates its draft forwards produce."""
+    values = {
+        "--speculative-num-steps": (steps, 1),
+        "--speculative-eagle-topk": (topk, 1),
+        "--speculative-num-draft-tokens": (tokens, 2),
+    }
+    for flag, (value, low) in values.items():
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} must be at least {low}, got {value}")
+    if steps is None:
+        given = [flag for flag, (value, _) in values.items() if value is not None]
+        if given:
+            raise ConfigError(f"{given[0]} needs --speculative-num-steps as well")
+        return
+    if topk is None:
+        raise ConfigError("--speculative-num-steps needs --speculative-eagle-topk as well")
+    if topk == 1 and tokens not in (None, steps + 1):
+        raise ConfigError(
+            f"--speculative-num-draft-tokens {tokens}: a chain (--speculative-eagle-topk 1)"
+            f" of --speculative-num-steps {steps} verifies {steps + 1}"
+        )
+    most = 1 + topk + (steps - 1) * topk * topk
+    if topk > 1 and (tokens is None or tokens > most):
+        raise ConfigError(
+            f"--speculative-num-draft-tokens {tokens}: a tree of --speculative-eagle-topk"
+            f" {topk} and --speculative-num-steps {steps} verifies 2..{most} tokens"
+        )

@@ -15,20 +15,21 @@ def has_flag(argv: list[str], *names: str) -> bool:
     return any(arg == n or arg.startswith(n + "=") for arg in argv for n in names)
 
 
-def _last_index(argv: list[str], name: str) -> int | None:
+def _last_index(argv: list[str], *names: str) -> int | None:
     found = None
     for i, arg in enumerate(argv):
-        if (arg == name and i + 1 < len(argv)) or arg.startswith(name + "="):
-            found = i
+        for name in names:
+            if (arg == name and i + 1 < len(argv)) or arg.startswith(name + "="):
+                found = i
     return found
 
 
-def flag_value(argv: list[str], name: str) -> str | None:
-    """Last value of ``name`` in ``argv``, or None."""
-    i = _last_index(argv, name)
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """Last value of any of ``names`` (one flag's aliases) in ``argv``, or None."""
+    i = _last_index(argv, *names)
     if i is None:
         return None
-    return argv[i + 1] if argv[i] == name else argv[i].split("=", 1)[1]
+    return argv[i].split("=", 1)[1] if "=" in argv[i] else argv[i + 1]
 
 
 def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
@@ -53,13 +54,24 @@ class LaunchArgs:
 
     algorithm: str | None = None  # --speculative-algorithm, upper case
     model_path: str | None = None
+    tokenizer_path: str | None = None
     draft_model_path: str | None = None  # --speculative-draft-model-path
     device: str = "cpu"
     base_gpu_id: int = 0
+    load_format: str | None = None  # "dummy": random weights, no checkpoint files read
     num_steps: int | None = None  # --speculative-num-steps
     eagle_topk: int | None = None  # --speculative-eagle-topk
     num_draft_tokens: int | None = None  # --speculative-num-draft-tokens
     max_running_requests: int | None = None
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+    enable_dp_attention: bool = False
+
+    @property
+    def num_ranks(self) -> int:
+        """Model-running processes SGLang starts: one per tensor, pipeline and data rank."""
+        return self.tp_size * self.pp_size * self.dp_size
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> LaunchArgs:
@@ -72,13 +84,19 @@ class LaunchArgs:
         return cls(
             algorithm=algorithm.upper() if algorithm else None,
             model_path=flag_value(argv, "--model-path"),
+            tokenizer_path=flag_value(argv, "--tokenizer-path"),
             draft_model_path=flag_value(argv, "--speculative-draft-model-path"),
             device=device,
             base_gpu_id=_int_or_none(flag_value(argv, "--base-gpu-id")) or 0,
+            load_format=flag_value(argv, "--load-format"),
             num_steps=_int_or_none(flag_value(argv, "--speculative-num-steps")),
             eagle_topk=_int_or_none(flag_value(argv, "--speculative-eagle-topk")),
             num_draft_tokens=_int_or_none(flag_value(argv, "--speculative-num-draft-tokens")),
             max_running_requests=_int_or_none(flag_value(argv, "--max-running-requests")),
+            tp_size=_int_or_none(flag_value(argv, "--tp-size", "--tensor-parallel-size")) or 1,
+            pp_size=_int_or_none(flag_value(argv, "--pp-size", "--pipeline-parallel-size")) or 1,
+            dp_size=_int_or_none(flag_value(argv, "--dp-size", "--data-parallel-size")) or 1,
+            enable_dp_attention=has_flag(argv, "--enable-dp-attention"),
         )
 
     @classmethod
@@ -87,13 +105,19 @@ class LaunchArgs:
         return cls(
             algorithm=str(algorithm).upper() if algorithm else None,
             model_path=server_args.model_path,
+            tokenizer_path=server_args.tokenizer_path,
             draft_model_path=server_args.speculative_draft_model_path,
             device=str(server_args.device),
             base_gpu_id=int(server_args.base_gpu_id or 0),
+            load_format=str(server_args.load_format),
             num_steps=server_args.speculative_num_steps,
             eagle_topk=server_args.speculative_eagle_topk,
             num_draft_tokens=server_args.speculative_num_draft_tokens,
             max_running_requests=server_args.max_running_requests,
+            tp_size=int(server_args.tp_size or 1),
+            pp_size=int(server_args.pp_size or 1),
+            dp_size=int(server_args.dp_size or 1),
+            enable_dp_attention=bool(server_args.enable_dp_attention),
         )
 
 

@@ -13,10 +13,9 @@ import logging
 import os
 import sys
 
-from sgl_spec.argv import LaunchArgs, flag_value, has_flag
-from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
+from sgl_spec.argv import flag_value, has_flag
+from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig
 from sgl_spec.cpu_memory import size_cpu_kv_pool, total_ram_bytes
-from sgl_spec.model_defaults import prepare_model_args
 
 logger = logging.getLogger("sgl_spec.launch_server")
 
@@ -146,14 +145,10 @@ def main(argv: list[str]) -> None:
         format="[%(asctime)s] %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",
     )
-    try:
-        config, sglang_argv = split_argv(argv)
-        sglang_argv = prepare_model_args(sglang_argv)
-        from sgl_spec.algorithms import check_launch, with_shipped_defaults
+    from sgl_spec.algorithms import prepare_launch
 
-        launch = LaunchArgs.from_argv(sglang_argv)
-        config = with_shipped_defaults(config, launch)
-        check_launch(config, launch)
+    try:
+        config, sglang_argv = prepare_launch(argv)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
     from sgl_spec.cpu_kernels.install import ensure_boot_hook

@@ -57,7 +57,7 @@ def resolve_paths(argv: list[str]) -> list[str]:
 def fill_shipped_defaults(argv: list[str]) -> list[str]:
     """No --model-path: the shipped target with STANDALONE. A shipped target with STANDALONE or
     MINEDRAFT and no draft: the shipped draft. Step/width defaults only where the user gave
-    none."""
+    none; a chain's draft tokens follow its steps (steps + 1)."""
     from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped
 
     launch = LaunchArgs.from_argv(argv)
@@ -72,7 +72,11 @@ def fill_shipped_defaults(argv: list[str]) -> list[str]:
     if defaults is not None and is_shipped(launch.model_path or ""):
         if launch.draft_model_path is None:
             argv += ["--speculative-draft-model-path", DEFAULT_DRAFT]
+        chain = flag_value(argv, "--speculative-eagle-topk") in (None, "1")
         for flag, value in defaults.items():
+            steps = flag_value(argv, "--speculative-num-steps") or ""
+            if flag == "--speculative-num-draft-tokens" and chain and steps.isdigit():
+                value = str(int(steps) + 1)
             if flag_value(argv, flag) is None:
                 argv += [flag, value]
     return argv

@@ -15,6 +15,7 @@ from sgl_spec.config import SpecConfig
 
 DEFAULT_NUM_STEPS = 3
 DEFAULT_MAX_BATCH = 128  # requests per batch when --max-running-requests is not given
+BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def default_draft_device(device: str) -> str:
 
 
 def check_device(draft_device: str, target_device: str, base_gpu_id: int) -> None:
-    from sgl_spec.minedraft.draft_server import parse_device
+    from sgl_spec.minedraft.draft_server import cpu_core_set, parse_device
 
     try:
         spec = parse_device(draft_device)
@@ -65,26 +66,69 @@ def check_device(draft_device: str, target_device: str, base_gpu_id: int) -> Non
             f"--speculative-draft-device {draft_device} is the target's GPU; MINEDRAFT drafts"
             " on a device of its own (paper §5)"
         )
-    if spec.kind == "cpu" and spec.index is not None:
-        available = len(os.sched_getaffinity(0))
-        if spec.index >= available:
+    if spec.kind == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if spec.index >= count:
             raise ValueError(
-                f"--speculative-draft-device {draft_device}: this process has {available}"
+                f"--speculative-draft-device {draft_device}: this host has {count} GPU(s)"
+                f" (cuda:0..cuda:{count - 1})"
+            )
+    if spec.kind == "cpu" and spec.index is not None:
+        available = sorted(os.sched_getaffinity(0))
+        if spec.index >= len(available):
+            raise ValueError(
+                f"--speculative-draft-device {draft_device}: this process has {len(available)}"
                 " cores; the target needs at least one of them"
             )
+        if not str(target_device).startswith("cuda"):
+            check_target_cores(draft_device, cpu_core_set(spec.index, available))
+
+
+def check_target_cores(draft_device: str, draft_cores: list[int]) -> None:
+    """The target leaves a ``cpu:N`` draft server's cores alone, unless the user pinned the
+    target's threads onto them with SGLang's ``SGLANG_CPU_OMP_THREADS_BIND`` (its first
+    ``|``-separated group binds the one target rank)."""
+    bind = os.environ.get(BIND_ENV, "").strip()
+    if not bind or bind == "all":
+        return
+    try:
+        target_cores = parse_cpu_list(bind.split("|")[0])
+    except ValueError:
+        raise ValueError(f"{BIND_ENV}={bind!r} is not a list of cores such as 0-3,5") from None
+    shared = sorted(target_cores & set(draft_cores))
+    if shared:
+        raise ValueError(
+            f"--speculative-draft-device {draft_device} takes cores {draft_cores}, and"
+            f" {BIND_ENV}={bind} puts the target on {shared} too; MINEDRAFT drafts on cores"
+            " of its own (paper §5)"
+        )
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """``"0-3,5"`` -> ``{0, 1, 2, 3, 5}`` (the kernel's cpulist format)."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
 
 
 def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
+    from sgl_spec.common.checkpoints import check_draft_model
     from sgl_spec.models.registry import resolve_model_path
 
     if config.minedraft_drafter == "specblock":
-        from sgl_spec.specblock.settings import read_drafter_config, resolve_drafter_path
+        from sgl_spec.specblock.settings import check_model_dir, read_drafter, resolve_drafter_path
 
         try:
             path = resolve_drafter_path(config.specblock_drafter_path)
         except ValueError as exc:
             raise ValueError(f"--minedraft-drafter specblock: {exc}") from exc
-        read_drafter_config(path)
+        read_drafter(path)
+        if launch.model_path is not None:
+            check_model_dir(path, launch.model_path)
     else:
         path = launch.draft_model_path
         if path is None:
@@ -93,9 +137,10 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
             path = resolve_model_path(path)
         except ValueError as exc:
             raise ValueError(f"--speculative-draft-model-path: {exc}") from exc
+        check_draft_model(path, launch)
     device = config.speculative_draft_device or default_draft_device(launch.device)
     check_device(device, launch.device, launch.base_gpu_id)
-    num_steps = launch.num_steps or DEFAULT_NUM_STEPS
+    num_steps = DEFAULT_NUM_STEPS if launch.num_steps is None else launch.num_steps
     if num_steps < 1:
         raise ValueError(f"--speculative-num-steps must be >= 1 for MINEDRAFT, got {num_steps}")
     return MineDraftSettings(

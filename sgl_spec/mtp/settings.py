@@ -33,11 +33,42 @@ def resolve_adapter_path(value: str | None) -> str:
     )
 
 
-def load_settings(config: SpecConfig) -> MtpSettings:
-    from sgl_spec.mtp.adapter_io import read_adapter_config
+def read_adapter(path: str) -> tuple[Any, Any]:
+    """``(MtpAdapterConfig, BaseDims)`` of the adapter directory ``path``, its weights file
+    checked against them (header only: names and shapes); ``ValueError`` naming the flag."""
+    from sgl_spec.common.checkpoints import check_state_dict_file, module_shapes
+    from sgl_spec.mtp.adapter_io import WEIGHTS_FILE, read_adapter_config
+    from sgl_spec.mtp.gated_lora import MtpAdapter
 
+    try:
+        adapter_config, dims, _ = read_adapter_config(path)
+    except ValueError as exc:
+        raise ValueError(f"--mtp-lora-path: {exc}") from exc
+    expected = module_shapes(lambda: MtpAdapter(adapter_config, dims))
+    check_state_dict_file(Path(path) / WEIGHTS_FILE, expected, "--mtp-lora-path")
+    return adapter_config, dims
+
+
+def check_target_fit(adapter_path: str, model_path: str) -> None:
+    """Refuse an adapter trained for another target (layer count, hidden and projection sizes,
+    mask ids inside the vocabulary), when the target is a local directory."""
+    if not (Path(model_path) / "config.json").is_file():
+        return
+    from transformers import AutoConfig
+
+    from sgl_spec.mtp.adapter_io import check_base_compatible
+
+    adapter_config, dims = read_adapter(adapter_path)
+    target = AutoConfig.from_pretrained(model_path)
+    try:
+        check_base_compatible(dims, adapter_config, target, adapter_path)
+    except ValueError as exc:
+        raise ValueError(f"--mtp-lora-path: {exc} ({model_path})") from exc
+
+
+def load_settings(config: SpecConfig) -> MtpSettings:
     path = resolve_adapter_path(config.mtp_lora_path)
-    adapter_config, _, _ = read_adapter_config(path)
+    adapter_config, _ = read_adapter(path)
     k_max = adapter_config.k_max
     mask_token_ids = list(adapter_config.mask_token_ids)
     if len(mask_token_ids) < k_max:

@@ -51,6 +51,19 @@ def read_drafter_config(path: str) -> Any:
         raise ValueError(f"--specblock-drafter-path: bad {path}/{CONFIG_NAME}: {exc}") from exc
 
 
+def read_drafter(path: str) -> Any:
+    """The drafter's config, its weights file checked against it (header only: names and
+    shapes); ``ValueError`` naming ``--specblock-drafter-path``."""
+    from sgl_spec.common.checkpoints import check_state_dict_file, module_shapes
+    from sgl_spec.specblock.config import WEIGHTS_NAME
+    from sgl_spec.specblock.model import SpecBlockDrafter
+
+    drafter_config = read_drafter_config(path)
+    expected = module_shapes(lambda: SpecBlockDrafter(drafter_config))
+    check_state_dict_file(Path(path) / WEIGHTS_NAME, expected, "--specblock-drafter-path")
+    return drafter_config
+
+
 def check_target_fit(drafter_config: Any, target_config: Any, path: str) -> None:
     """The drafter must read this target's features and tokens (Eq. 1, App. A.1)."""
     problems = []
@@ -79,7 +92,7 @@ def check_target_fit(drafter_config: Any, target_config: Any, path: str) -> None
 
 def load_settings(config: SpecConfig) -> SpecBlockSettings:
     path = resolve_drafter_path(config.specblock_drafter_path)
-    drafter_config = read_drafter_config(path)
+    drafter_config = read_drafter(path)
     k = drafter_config.block_size if config.specblock_k is None else config.specblock_k
     if k > drafter_config.block_size:
         raise ValueError(

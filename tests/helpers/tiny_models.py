@@ -240,3 +240,61 @@ def train_specblock_drafter(
     train_drafter(drafter, target, seqs, cfg, RunOptions(progress=False))
     drafter.save_pretrained(out_dir)
     return out_dir
+
+
+def swapped_tokenizer_copy(src_dir: Path, out_dir: Path) -> Path:
+    """A copy of the model ``src_dir`` whose tokenizer maps two tokens to each other's ids:
+    the same vocabulary size, another tokenizer."""
+    import shutil
+
+    shutil.copytree(src_dir, out_dir)
+    tokenizer = json.loads((out_dir / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = (token for token, i in vocab.items() if i in (100, 101))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out_dir / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return out_dir
+
+
+def random_mtp_adapter(target_dir: Path, out_dir: Path, **dims: int) -> Path:
+    """An untrained MTP adapter for the target ``target_dir`` (its shapes; ``dims`` overrides
+    ``BaseDims`` fields, e.g. ``num_layers=4`` for an adapter of another target)."""
+    import dataclasses
+
+    from transformers import AutoConfig
+
+    from sgl_spec.mtp.adapter_io import save_adapter
+    from sgl_spec.mtp.config import BaseDims, MtpAdapterConfig
+    from sgl_spec.mtp.gated_lora import MtpAdapter
+
+    base = dataclasses.replace(
+        BaseDims.from_hf_config(AutoConfig.from_pretrained(target_dir)), **dims
+    )
+    config = MtpAdapterConfig(rank=4, alpha=8.0, k_max=2, mask_token_ids=(3, 4))
+    return save_adapter(out_dir, MtpAdapter(config, base), config)
+
+
+def random_specblock_drafter(target_dir: Path, out_dir: Path, num_target_layers: int = 0) -> Path:
+    """An untrained SpecBlock drafter for the target ``target_dir``, or, with
+    ``num_target_layers``, for a deeper target of the same width (its aux layers out of reach)."""
+    import torch
+    from transformers import AutoConfig
+
+    from sgl_spec.specblock.config import SpecBlockConfig
+    from sgl_spec.specblock.model import SpecBlockDrafter
+
+    target = AutoConfig.from_pretrained(target_dir)
+    layers = num_target_layers or target.num_hidden_layers
+    target.num_hidden_layers = layers
+    aux = (0, 0, 0) if layers <= 2 else (0, layers // 2, layers - 1)
+    config = SpecBlockConfig.from_target(
+        target,
+        draft_vocab_size=32,
+        block_size=2,
+        rank_hidden_size=8,
+        num_layers=1,
+        aux_layer_ids=aux,
+    )
+    torch.manual_seed(0)
+    SpecBlockDrafter(config).save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,59 @@
+"""Bad launches the launcher's own check cannot see, because SGLang's parser alone reads the
+flag (an abbreviation such as ``--tp`` for ``--tp-size``, or a ``--config`` file): refused once
+SGLang parses its arguments, by our algorithm's ``handle_server_args``, still before any
+scheduler or model starts. ``tests/unit/test_launch_refusals.py`` covers the rest, in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.server
+
+TIMEOUT_S = 300  # SGLang's imports: ~20 s on an idle 2-core host, minutes on a loaded one
+
+
+def launch(argv: list[str], tmp_path: Path) -> tuple[int, str]:
+    """(exit status, stdout + stderr) of the launcher; a launch that is not refused within
+    ``TIMEOUT_S`` is killed with every process it started, and fails the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "sgl_spec.launch_server", *argv, "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"not refused within {TIMEOUT_S} s: {out[-3000:]}")
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("algorithm", ["MTP_LORA", "SPECBLOCK", "MINEDRAFT"])
+def test_abbreviated_parallel_flag_is_refused(algorithm, tmp_path) -> None:
+    returncode, out = launch(["--speculative-algorithm", algorithm, "--tp", "2"], tmp_path)
+    assert returncode != 0
+    assert f"{algorithm} supports --tp-size 1 only" in out, out[-3000:]
+    assert "Load weight" not in out  # refused before a model loads
+
+
+def test_parallel_setting_from_a_config_file_is_refused(tmp_path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text("tp-size: 2\n")
+    returncode, out = launch(
+        ["--speculative-algorithm", "MTP_LORA", "--config", str(config)], tmp_path
+    )
+    assert returncode != 0
+    assert "MTP_LORA supports --tp-size 1 only" in out, out[-3000:]
+    assert "Load weight" not in out

@@ -23,6 +23,8 @@ from sgl_spec.argv import flag_value, has_flag
 
 # Metrics read from ``sglang.bench_serving``'s output file, and the ones given as ratios.
 BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms", "mean_tpot_ms")
+# Read when bench_serving reports them (absent otherwise).
+OPTIONAL_BENCH_METRICS = ("median_tpot_ms",)
 RATIO_METRICS = ("output_throughput", "mean_e2e_latency_ms", "mean_tpot_ms")
 SPECULATIVE_PREFIX = "--speculative-"
 RESERVED_FLAGS = ("--host", "--port")
@@ -184,7 +186,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         " e.g. --variant 'specblock-n8=specblock --specblock-max-nodes 8'; repeatable",
     )
     parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--max-concurrency", type=int, default=16)
+    parser.add_argument("--max-concurrency", type=int, default=None, help="default 16")
+    parser.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="C1,C2,...",
+        help="a sweep instead of one --max-concurrency: the whole comparison (every round) at "
+        "each concurrency in turn; with --interleave on the same servers, started once. "
+        "Each row of the JSON names its max_concurrency; ratios are within a concurrency",
+    )
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--json", default=None, help="write the results here")
@@ -212,6 +222,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     for text in args.variant:
         register_variant(text)
     args.algorithms = parse_algorithms(args.algorithms)
+    args.concurrencies = parse_concurrencies(args.concurrency, args.max_concurrency)
+    args.max_concurrency = args.concurrencies[0]
     if args.interleave and not any(has_flag(extra, flag) for flag in POOL_CAP_FLAGS):
         raise BenchError(
             "--interleave keeps every server up at once, and SGLang sizes each KV pool from "
@@ -295,6 +307,23 @@ def parse_algorithms(text: str) -> list[str]:
     return names
 
 
+def parse_concurrencies(sweep: str | None, max_concurrency: int | None) -> list[int]:
+    """The concurrencies to run: ``--concurrency 1,4,16``, else ``--max-concurrency`` (16)."""
+    if sweep is None:
+        return [16 if max_concurrency is None else max_concurrency]
+    if max_concurrency is not None:
+        raise BenchError("give --concurrency (a sweep) or --max-concurrency, not both")
+    try:
+        values = [int(word) for word in sweep.split(",") if word.strip()]
+    except ValueError:
+        raise BenchError(f"--concurrency needs integers like 1,4,16, got {sweep!r}") from None
+    if not values or min(values) < 1:
+        raise BenchError(f"--concurrency needs integers >= 1, got {sweep!r}")
+    if len(set(values)) != len(values):
+        raise BenchError(f"--concurrency lists a value twice: {sweep}")
+    return values
+
+
 def server_flags(algorithm: str, extra: list[str]) -> list[str]:
     """Flags for one server: the pass-through flags plus the algorithm's own."""
     spec = ALGORITHMS[algorithm]
@@ -321,10 +350,12 @@ def interleave_flags(extra: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def algorithm_env(algorithm: str) -> Iterator[None]:
-    """The algorithm's environment variables, set while its server starts (inherited)."""
-    saved = {name: os.environ.get(name) for name, _ in ALGORITHMS[algorithm].env}
-    os.environ.update(dict(ALGORITHMS[algorithm].env))
+def algorithm_env(algorithm: str, extra: dict[str, str] | None = None) -> Iterator[None]:
+    """The algorithm's environment variables and ``extra``, set while its server starts
+    (inherited)."""
+    env = {**dict(ALGORITHMS[algorithm].env), **(extra or {})}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     try:
         yield
     finally:
@@ -429,9 +460,10 @@ def combine_rounds(runs: list[dict]) -> dict:
     if errors:
         combined["error"] = errors[0]
         return combined
-    for metric in (*BENCH_METRICS, "mean_accept_length", *SERVER_METRICS):
+    optional = (*OPTIONAL_BENCH_METRICS, *SERVER_METRICS)
+    for metric in (*BENCH_METRICS, *OPTIONAL_BENCH_METRICS, "mean_accept_length", *SERVER_METRICS):
         values = [run.get(metric) for run in runs]
-        if metric in SERVER_METRICS and all(v is None for v in values):
+        if metric in optional and all(v is None for v in values):
             continue
         combined[metric] = None if None in values else statistics.median(values)
     ids = [run.get("greedy_output_ids") for run in runs]
@@ -494,6 +526,9 @@ def parse_bench_result(jsonl: str, num_prompts: int) -> dict:
             f"bench_serving completed {result.get('completed')}/{num_prompts} requests"
         )
     metrics = {name: float(result[name]) for name in BENCH_METRICS}
+    for name in OPTIONAL_BENCH_METRICS:
+        if result.get(name) is not None:
+            metrics[name] = float(result[name])
     accept = result.get("accept_length")
     metrics["bench_accept_length"] = float(accept) if accept else None
     return metrics

@@ -16,6 +16,13 @@ server once, keeps them all up (idle ones sleep) and drives them in turn each ro
 a host whose speed drifts gives the steadier comparison (``x tok/s paired``: the median over
 rounds of each round's ratio). It needs a KV pool cap, e.g. ``--max-total-tokens 65536``.
 
+``--concurrency 1,4,16`` sweeps: the whole comparison, every round, at each concurrency in turn
+(with ``--interleave`` on the same servers, started once). The JSON's rows name their
+``max_concurrency``, ratios are within a concurrency, and each row (or round) records when it
+ran (``t_start_s``/``t_end_s``, seconds since the start). An MTP_LORA server writes its
+worker's per-step trace, stored as ``mtp_k_trace`` (its k over time, ``mtp_trace.py``);
+``plot_results.py`` draws the figures.
+
 ``hf`` and ``hf-assisted`` in ``--algorithms`` are peers that start no server: Hugging Face
 transformers ``generate`` on the same target, plain and with ``assistant_model=`` the draft,
 batch 1, each measurement in a fresh process on bench_serving's own prompts (``hf_peer.py``).
@@ -26,6 +33,7 @@ throughput over each peer's is printed after the table and stored as ``peer_comp
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -39,6 +47,7 @@ from pathlib import Path
 
 import _bench_lib
 import hf_peer
+import mtp_trace
 import requests
 from _bench_lib import (
     BenchError,
@@ -124,7 +133,12 @@ def start_server(
     """Start one algorithm's server and wait until it answers ``/health_generate``; the caller
     stops it (also when this raises: the half-started server is stopped here)."""
     print(f"[{algorithm}] starting server on port {port} (logs {work})", flush=True)
-    with algorithm_env(algorithm):
+    trace_env = {}
+    if mtp_trace.is_mtp_lora(_bench_lib.ALGORITHMS[algorithm].flags):
+        trace = work / mtp_trace.TRACE_FILE
+        trace.unlink(missing_ok=True)  # the worker appends
+        trace_env[mtp_trace.TRACE_ENV] = str(trace)
+    with algorithm_env(algorithm, trace_env):
         server = ServerProcess(server_flags(algorithm, extra), port, work / "server.log")
     started = time.monotonic()
     try:
@@ -195,26 +209,54 @@ def run_algorithm(
         server.stop()
 
 
-def run_sequential(args: argparse.Namespace, extra: list[str], log_dir: Path) -> dict:
-    """A fresh server per algorithm and round, one at a time: algorithm -> its rounds."""
-    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
-    for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
-        for name in order:
-            index = round_i * len(args.algorithms) + args.algorithms.index(name)
-            per_algorithm[name].append(run_algorithm(index, name, args, extra, log_dir))
-    return per_algorithm
+# concurrency -> algorithm -> its runs, one per round
+Sweep = dict[int, dict[str, list[dict]]]
 
 
-def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -> dict:
+def at_concurrency(args: argparse.Namespace, concurrency: int) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "max_concurrency": concurrency})
+
+
+def timed(started: float, measure_fn, *fn_args) -> dict:
+    """``measure_fn(*fn_args)``, stamped with when it ran (seconds since ``started``)."""
+    begin = time.perf_counter()
+    run = measure_fn(*fn_args)
+    run["t_start_s"] = round(begin - started, 3)
+    run["t_end_s"] = round(time.perf_counter() - started, 3)
+    return run
+
+
+def run_sequential(
+    args: argparse.Namespace, extra: list[str], log_dir: Path, started: float
+) -> Sweep:
+    """A fresh server per algorithm, round and concurrency, one at a time."""
+    sweep: Sweep = {}
+    for ci, concurrency in enumerate(args.concurrencies):
+        args_c = at_concurrency(args, concurrency)
+        per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+        for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+            for name in order:
+                index = (ci * args.rounds + round_i) * len(args.algorithms)
+                index += args.algorithms.index(name)
+                run = timed(started, run_algorithm, index, name, args_c, extra, log_dir)
+                per_algorithm[name].append(run)
+        sweep[concurrency] = per_algorithm
+    return sweep
+
+
+def run_interleaved(
+    args: argparse.Namespace, extra: list[str], log_dir: Path, started: float
+) -> Sweep:
     """Every algorithm's server up at once (idle ones sleep), each round driving them in turn.
 
     A slow spell of the host then falls on neighbouring runs of every algorithm alike instead
     of on whichever server happened to be up, and server start-up effects (first-touch pages,
-    calibration) are paid once; the paired ratios compare each round's runs.
+    calibration) are paid once; the paired ratios compare each round's runs. A sweep drives
+    every round of one concurrency before the next.
     """
     servers: dict[str, ServerProcess] = {}
     failed: dict[str, str] = {}
-    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+    sweep: Sweep = {}
     try:
         for i, name in enumerate(args.algorithms):
             if is_peer(name):
@@ -227,22 +269,60 @@ def run_interleaved(args: argparse.Namespace, extra: list[str], log_dir: Path) -
             except Exception as exc:
                 failed[name] = f"server start: {exc}"
                 print(f"[{name}] FAILED: {failed[name]}", file=sys.stderr, flush=True)
-        for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
-            for name in order:
-                i = args.algorithms.index(name)
-                if name in failed:
-                    per_algorithm[name].append({"algorithm": name, "error": failed[name]})
-                    continue
-                work = log_dir / f"{i}-{name}" / f"round{round_i}"
-                print(f"[{name}] round {round_i + 1}/{args.rounds}", flush=True)
-                if is_peer(name):
-                    per_algorithm[name].append(measure_hf(name, args, extra, work))
-                else:
-                    per_algorithm[name].append(measure(servers[name], name, args, extra, work))
+        for concurrency in args.concurrencies:
+            sweep[concurrency] = drive_round_robin(
+                args, extra, log_dir, started, concurrency, servers, failed
+            )
     finally:
         for server in servers.values():
             server.stop()
+    return sweep
+
+
+def drive_round_robin(
+    args: argparse.Namespace,
+    extra: list[str],
+    log_dir: Path,
+    started: float,
+    concurrency: int,
+    servers: dict[str, ServerProcess],
+    failed: dict[str, str],
+) -> dict[str, list[dict]]:
+    """Every round at one concurrency against the running servers: algorithm -> its runs."""
+    args_c = at_concurrency(args, concurrency)
+    is_sweep = len(args.concurrencies) > 1
+    per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
+    for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+        for name in order:
+            if name in failed:
+                per_algorithm[name].append({"algorithm": name, "error": failed[name]})
+                continue
+            work = log_dir / f"{args.algorithms.index(name)}-{name}"
+            work = (work / f"c{concurrency}" if is_sweep else work) / f"round{round_i}"
+            where = f"concurrency {concurrency}, " if is_sweep else ""
+            print(f"[{name}] {where}round {round_i + 1}/{args.rounds}", flush=True)
+            if is_peer(name):
+                run = timed(started, measure_hf, name, args_c, extra, work)
+            else:
+                run = timed(started, measure, servers[name], name, args_c, extra, work)
+            per_algorithm[name].append(run)
     return per_algorithm
+
+
+def k_traces(args: argparse.Namespace, log_dir: Path, started: float) -> dict[str, list[dict]]:
+    """Each MTP_LORA algorithm's k over time from its servers' traces (``mtp_trace.py``)."""
+    traces = {}
+    for name in args.algorithms:
+        if not mtp_trace.is_mtp_lora(_bench_lib.ALGORITHMS[name].flags):
+            continue
+        paths = []
+        for path in log_dir.glob(f"*/{mtp_trace.TRACE_FILE}"):
+            index, _, server_name = path.parent.name.partition("-")
+            if index.isdigit() and server_name == name:
+                paths.append(path)
+        if paths:
+            traces[name] = mtp_trace.read_segments(paths, started)
+    return traces
 
 
 def main(argv: list[str]) -> int:
@@ -255,15 +335,28 @@ def main(argv: list[str]) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench_speculative_"))
     log_dir.mkdir(parents=True, exist_ok=True)
     run = run_interleaved if args.interleave else run_sequential
-    per_algorithm = run(args, extra, log_dir)
-    runs = [
-        hf_peer.combine_peer_rounds(combine_rounds(per_algorithm[name]), per_algorithm[name])
-        for name in args.algorithms
-    ]
-    result = assemble(command, host_info(), args.algorithms, runs)
-    comparison = hf_peer.peer_comparison(result["runs"])
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    sweep = run(args, extra, log_dir, started)
+    result = {"command": command, "host": host_info(), "date": date}
+    result.update(concurrencies=args.concurrencies, runs=[])
+    comparison = []
+    for concurrency, per_algorithm in sweep.items():
+        runs = [
+            hf_peer.combine_peer_rounds(combine_rounds(per_algorithm[name]), per_algorithm[name])
+            for name in args.algorithms
+        ]
+        part = assemble(command, result["host"], args.algorithms, runs)
+        result["runs"] += [
+            {"algorithm": run["algorithm"], "max_concurrency": concurrency, **run}
+            for run in part["runs"]
+        ]
+        comparison += hf_peer.peer_comparison(part["runs"])
     if comparison:
         result["peer_comparison"] = comparison
+    traces = k_traces(args, log_dir, started)
+    if traces:
+        result["mtp_k_trace"] = traces
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print()
@@ -275,9 +368,12 @@ def main(argv: list[str]) -> int:
         print("x tok/s paired: median over rounds of run / first run of the same round")
     if args.interleave:
         print("servers: all up at once (--interleave), idle ones sleeping")
-    print(format_table(result["runs"]))
+    for concurrency in args.concurrencies:
+        if len(args.concurrencies) > 1:
+            print(f"\nmax concurrency {concurrency}")
+        print(format_table([r for r in result["runs"] if r["max_concurrency"] == concurrency]))
     print_peer_notes(args, comparison)
-    return 1 if any("error" in run for run in runs) else 0
+    return 1 if any("error" in run for run in result["runs"]) else 0
 
 
 def print_peer_notes(args: argparse.Namespace, comparison: list[dict]) -> None:
@@ -287,7 +383,8 @@ def print_peer_notes(args: argparse.Namespace, comparison: list[dict]) -> None:
         return
     print(
         f"{', '.join(peers)}: transformers generate, batch 1, requests one after another "
-        f"(servers: --max-concurrency {args.max_concurrency}); accept = tokens / target forwards"
+        f"(servers: concurrency {','.join(map(str, args.concurrencies))}); "
+        "accept = tokens / target forwards"
     )
     for line in hf_peer.format_comparison(comparison):
         print(f"fastest server vs peer: {line}")

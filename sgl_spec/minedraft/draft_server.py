@@ -246,14 +246,18 @@ def load(hello: Hello):
     config = AutoConfig.from_pretrained(model_path)
     context_len = int(getattr(config, "max_position_embeddings", 4096))
     max_requests = 2 * hello.max_batch_size  # both batches (§5.1)
+    # CUDA: SGLang sizes the pool from the draft device's memory.
+    kv_tokens = cpu_kv_tokens(hello, context_len) if spec.kind == "cpu" else None
     runner = build_model_runner(
         model_path,
         spec.torch_device,
         max_requests=max_requests,
-        # CUDA: SGLang sizes the pool from the draft device's memory.
-        max_total_tokens=cpu_kv_tokens(hello, context_len) if spec.kind == "cpu" else None,
+        max_total_tokens=kv_tokens,
         seed=hello.seed,
     )
+    if kv_tokens is not None:
+        budget = hello.max_total_tokens or f"{max_requests} requests x {context_len} context"
+        description += f", KV pool {kv_tokens} tokens (target budget {budget} + draft positions)"
     return DraftModel(runner, num_steps=hello.num_steps, seed=hello.seed), description
 
 

@@ -8,14 +8,13 @@ Work stays under ``__main__``: SGLang spawns its scheduler with multiprocessing 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 
 from sgl_spec.argv import flag_value, has_flag
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig
-from sgl_spec.cpu_memory import size_cpu_kv_pool, total_ram_bytes
+from sgl_spec.cpu_memory import read_model_config, size_cpu_kv_pool, total_ram_bytes
 
 logger = logging.getLogger("sgl_spec.launch_server")
 
@@ -40,13 +39,7 @@ CPU_MALLOC_ENV = {
 
 def checkpoint_dtype(model_path: str | None) -> str | None:
     """The ``dtype`` (or legacy ``torch_dtype``) a local model directory's config.json names."""
-    if not model_path:
-        return None
-    try:
-        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
+    config = read_model_config(model_path) or {}
     value = config.get("dtype") or config.get("torch_dtype")
     return value.removeprefix("torch.") if isinstance(value, str) else None
 

@@ -137,6 +137,11 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
         raise ConfigError(f"{given[0]}: {name} serves one rank for now (tp, pp and dp size 1)")
     if launch.enable_dp_attention and (algorithm is not None or name == "STANDALONE"):
         raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
+    if name == "STANDALONE" and launch.pp_size != 1:
+        raise ConfigError(
+            f"--pp-size {launch.pp_size}: SGLang's pipeline parallelism drafts with EAGLE only,"
+            " not STANDALONE"
+        )
     if launch.device != "cpu" or launch.num_ranks == 1:
         return
     bind = os.environ.get(CPU_BIND_ENV, "all")

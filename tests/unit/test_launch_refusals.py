@@ -178,7 +178,7 @@ PARALLEL = {"--tp-size": "2", "--pp-size": "2", "--dp-size": "2", "--enable-dp-a
 for name, argv in GOOD.items():
     for flag, value in PARALLEL.items():
         extra = [flag] if value is None else [flag, value]
-        if name != "STANDALONE" or flag == "--enable-dp-attention":
+        if name != "STANDALONE" or flag in ("--enable-dp-attention", "--pp-size"):
             CASES[f"{name}{flag}"] = ([*argv, *extra], flag)
 
 

@@ -29,6 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative import eagle_utils
 
+from sgl_spec.common.sampling import needs_logit_processing, process_chain_logits
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.mtp import layout as mtp_layout_mod
 from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
@@ -211,7 +212,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         logits_output = out.logits_output
         info = batch.sampling_info
         no_drafts = bonus.new_zeros((bs, 0))
-        if info.is_all_greedy and info.acc_additive_penalties is None and info.logit_bias is None:
+        if info.is_all_greedy and not needs_logit_processing(batch):
             tokens = torch.argmax(logits_output.next_token_logits, dim=-1)
         else:  # the general path: penalties and sampling exactly as in a drafted step
             logits = logits_output.next_token_logits.view(bs, 1, -1).clone()
@@ -314,9 +315,8 @@ class MtpLoraWorker(TargetWrappingWorker):
         info = batch.sampling_info
         bs, width, vocab = logits.shape
         flat = logits.view(bs * width, vocab)
-        for bias in (info.acc_additive_penalties, info.logit_bias):
-            if bias is not None:  # the same relaxed penalty handling as SGLang's EAGLE verify
-                flat.add_(torch.repeat_interleave(bias, width, dim=0))
+        candidates = torch.cat((anchor0[:, None], drafts), dim=1)
+        process_chain_logits(batch, flat, candidates)  # penalties, logit_bias, grammar
         if info.is_all_greedy:
             return accept_greedy(drafts, torch.argmax(logits, dim=-1))
         temperatures = torch.repeat_interleave(info.temperatures, width, dim=0)
@@ -329,7 +329,6 @@ class MtpLoraWorker(TargetWrappingWorker):
             probs = eagle_utils.top_p_renorm_prob(
                 probs, torch.repeat_interleave(info.top_ps, width, dim=0)
             )
-        candidates = torch.cat((anchor0[:, None], drafts), dim=1)
         coins, final_coins = eagle_utils._verify_coins(
             sampling_info=info,
             seq_lens=batch.seq_lens,

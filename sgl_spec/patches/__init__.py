@@ -29,6 +29,8 @@ PATCHES = (
     "cpu_spec_sampling",
     "cuda_optional_kernels",
     "prompt_validation",
+    "spec_penalties",
+    "spec_row_headroom",
     "specblock_kv_budget",
     "standalone_full_context",
 )

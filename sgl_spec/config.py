@@ -192,8 +192,9 @@ class SpecConfig:
     minedraft_draft_timeout: float = flag(
         30.0,
         "--minedraft-draft-timeout",
-        "MINEDRAFT: seconds to wait for the draft server at a sync point before it is"
-        " treated as hung, restarted, and the step decoded target-only (default 30).",
+        "MINEDRAFT: seconds without a reply from the draft server, while drafts are awaited,"
+        " before it is treated as hung and restarted (default 30); meanwhile a sync point"
+        " waits at most a short budget, and its batch is decoded target-only.",
         kind=float,
         bounds=(1e-3, 86400.0),
     )

@@ -5,11 +5,17 @@
 * which tokens of each request the server already holds (``DraftEntry.appended_ids`` carries
   only the new ones; a new or re-sent request carries its whole sequence as the prompt);
 * the requests that left since the last submit (``DraftRequest.removed_rids``);
-* fault handling (issue item 6): an exit, a fatal report, a malformed frame or a sync point
-  with no result within the timeout marks the link down. The step goes on target-only (the
-  caller gets no drafts), a background thread restarts the server (with a growing back-off
-  while starts fail), and once it is back every request is re-sent with its prompt. Nothing
-  here raises into the serving loop.
+* fault handling (issue item 6): an exit, a fatal report, a malformed frame, or no reply at
+  all for ``timeout_s`` while drafts are awaited (hung) marks the link down. The step goes on
+  target-only (the caller gets no drafts), a background thread restarts the server (with a
+  growing back-off while starts fail), and once it is back every request is re-sent with its
+  prompt. Nothing here raises into the serving loop.
+* bounded waits: a sync point waits for its drafts at most ``max(SOFT_WAIT_FLOOR_S,
+  SOFT_WAIT_FACTOR x`` the slowest recent drafting time the server reported``)``, then its
+  batch is verified without drafts; until the server replies again, later sync points do
+  not wait at all. So a hung server costs one short wait, not ``timeout_s`` per step, and a
+  late reply is dropped as stale (the server still holds the tokens it was sent: results
+  come in order).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from sgl_spec.minedraft.messages import DraftEntry, DraftRequest
 
 logger = logging.getLogger(__name__)
 RESTART_BACKOFF_S = (1.0, 5.0, 15.0, 30.0)
+SOFT_WAIT_FLOOR_S = 1.0  # a sync point waits at least this long for its drafts
+SOFT_WAIT_FACTOR = 4.0  # ... or this many times the slowest recent drafting time
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class DraftLink:
         self._up = False
         self._restarting = False
         self._generation_seen = 0
+        self._reset_waits()
         self.num_faults = 0
         self.num_restarts = 0
         self.last_fault = ""
@@ -85,7 +94,14 @@ class DraftLink:
             self._sent.clear()
             self._removed.clear()
             self._pending.clear()
+            self._reset_waits()
         return True
+
+    def _reset_waits(self) -> None:
+        self._num_unanswered = 0  # submitted requests without a reply yet
+        self._silent_since: float | None = None  # unanswered, and no reply since then
+        self._draft_s = 0.0  # slowest recent drafting time (decays), or a wait in vain
+        self._late = False  # a sync point gave up waiting; the server has not replied since
 
     def close(self) -> None:
         with self._lock:
@@ -169,6 +185,9 @@ class DraftLink:
             return False
         self._removed.clear()
         self._pending[step_id] = {job.rid: len(job.tokens) for job in jobs}
+        self._num_unanswered += 1
+        if self._silent_since is None:
+            self._silent_since = time.monotonic()
         return True
 
     def collect(self, step_id: int) -> tuple[dict[str, tuple[int, np.ndarray]], float] | None:
@@ -177,14 +196,17 @@ class DraftLink:
         expected = self._pending.pop(step_id, None)
         if expected is None or not self.up:
             return None
+        wait_s = 0.0 if self._late else self._wait_budget()
+        num_stale = self.client.num_stale
         try:
-            result = self.client.collect(self.timeout_s, step_id=step_id)
+            result = self.client.collect(wait_s, step_id=step_id)
         except Exception as exc:
             self.fault(f"collect failed: {exc}")
             return None
+        self._heard(int(result is not None) + self.client.num_stale - num_stale)
         if result is None:
-            self.fault(f"no drafts within {self.timeout_s:.1f}s (hung)")
-            return None
+            return self._missed(wait_s)
+        self._draft_s = max(float(result.draft_time_s), 0.9 * self._draft_s)
         for report in self.client.take_errors():  # dropped requests: re-send with prompt
             logger.warning("MINEDRAFT: draft server dropped %s: %s", report.rids, report.message)
             for rid in report.rids:
@@ -197,6 +219,34 @@ class DraftLink:
                 return None
             drafts[out.rid] = (seq_len, out.draft_ids)
         return drafts, float(result.draft_time_s)
+
+    def _wait_budget(self) -> float:
+        return min(self.timeout_s, max(SOFT_WAIT_FLOOR_S, SOFT_WAIT_FACTOR * self._draft_s))
+
+    def _heard(self, num_replies: int) -> None:
+        """``num_replies`` results arrived (the awaited one and stale ones): the server lives."""
+        if num_replies <= 0:
+            return
+        self._num_unanswered = max(0, self._num_unanswered - num_replies)
+        self._silent_since = time.monotonic() if self._num_unanswered else None
+        self._late = False
+
+    def _missed(self, wait_s: float) -> None:
+        """No drafts in time: a fault once the server has been silent for ``timeout_s``, else
+        this step goes without drafts and the next ones do not wait (module docstring)."""
+        silent_s = 0.0 if self._silent_since is None else time.monotonic() - self._silent_since
+        if silent_s >= self.timeout_s:
+            self.fault(f"no reply within {self.timeout_s:.1f}s (hung)")
+            return None
+        if wait_s > 0:  # waited in vain: stop waiting until the server replies, then longer
+            logger.info(
+                "MINEDRAFT: no drafts within %.2fs; verifying without them until the draft"
+                " server replies",
+                wait_s,
+            )
+            self._late = True
+            self._draft_s = max(self._draft_s, wait_s)
+        return None
 
     def check_output(
         self, drafts: dict[str, tuple[int, np.ndarray]], vocab_size: int, max_len: int

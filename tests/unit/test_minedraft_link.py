@@ -29,6 +29,10 @@ class FakeClient:
         self.stranger = False
         self.errors: list[ErrorReport] = []
         self.restart_failures = 0
+        self.num_stale = 0
+        self.waits: list[float] = []  # collect's timeouts
+        self.latency = 0.0  # seconds from a submit to its result (a slow server)
+        self._queue: list[tuple[float, object]] = []  # (ready at, request) in submit order
 
     def start(self) -> None:
         self.generation += 1
@@ -47,11 +51,24 @@ class FakeClient:
         if self.fail_submit:
             raise DraftServerError("exited with code -9")
         self.sent.append(request)
+        self._queue.append((time.monotonic() + self.latency, request))
 
     def collect(self, timeout_s: float, step_id: int | None = None):
+        self.waits.append(timeout_s)
         if self.hang:
+            time.sleep(timeout_s)
             return None
-        request = self.sent[-1]
+        deadline = time.monotonic() + timeout_s
+        while self._queue and self._queue[0][0] <= deadline:
+            ready_at, request = self._queue.pop(0)
+            time.sleep(max(0.0, ready_at - time.monotonic()))
+            if request.step_id == step_id:
+                return self._result(request)
+            self.num_stale += 1  # an answer to a step given up on
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        return None
+
+    def _result(self, request) -> DraftResult:
         outputs = []
         for entry in request.entries:
             ids = np.arange(entry.seq_len + 1, entry.seq_len + 4, dtype=np.int32)
@@ -60,7 +77,8 @@ class FakeClient:
             outputs.append(DraftOutput(entry.rid, ids))
         if self.stranger:
             outputs.append(DraftOutput("nobody", np.array([1], dtype=np.int32)))
-        return DraftResult(request.step_id, request.batch_id, tuple(outputs), 0.01)
+        draft_s = max(0.01, self.latency)  # what the server reports
+        return DraftResult(request.step_id, request.batch_id, tuple(outputs), draft_s)
 
     def take_errors(self) -> list[ErrorReport]:
         errors, self.errors = self.errors, []
@@ -170,3 +188,49 @@ def test_dropped_request_is_resent_with_its_prompt() -> None:
     link.collect(1)
     link.submit(2, 1, [DraftJob("a", [1, 2, 3], 1)])
     assert client.sent[-1].entries[0].is_new and link.num_faults == 0
+
+
+def test_hung_server_costs_one_short_wait_then_a_restart(monkeypatch) -> None:
+    """A hung server: the first sync point waits the short budget, later ones do not wait at
+    all (their batches go undrafted), and once the server has been silent for ``timeout_s``
+    the link faults and restarts it: no step ever waits ``timeout_s``."""
+    monkeypatch.setattr(link_module, "SOFT_WAIT_FLOOR_S", 0.05)
+    client = FakeClient()
+    link = DraftLink(client, timeout_s=0.5)
+    link.start()
+    link.submit(1, 0, [DraftJob("a", [1, 2], 1)])
+    assert link.collect(1) is not None
+    client.hang = True
+    client.waits.clear()
+    hung_at = time.monotonic()
+    step = 2
+    while link.num_faults == 0 and step < 500:
+        link.submit(step, step % 2, [DraftJob("a", list(range(1, step + 2)), 1)])
+        assert link.collect(step) is None
+        step += 1
+        time.sleep(0.005)
+    assert link.num_faults == 1 and "hung" in link.last_fault
+    assert time.monotonic() - hung_at >= 0.5
+    assert 0 < client.waits[0] < 0.5 and set(client.waits[1:]) == {0.0}
+    client.hang = False
+    wait_up(link)
+    link.submit(step, 0, [DraftJob("a", [1, 2, 3], 1)])
+    assert client.sent[-1].entries[0].is_new and link.collect(step) is not None
+
+
+def test_slow_server_is_waited_for_longer_not_restarted(monkeypatch) -> None:
+    """A server slower than the first budget: that sync point goes undrafted and its late
+    reply (stale) proves the server alive; the budget grows past the server's latency, so
+    later sync points get their drafts, and nothing is restarted."""
+    monkeypatch.setattr(link_module, "SOFT_WAIT_FLOOR_S", 0.01)
+    client = FakeClient()
+    client.latency = 0.05
+    link = DraftLink(client, timeout_s=1.0)
+    link.start()
+    got = []
+    for step in range(1, 12):
+        link.submit(step, step % 2, [DraftJob("a", list(range(1, step + 2)), 1)])
+        time.sleep(0.02)  # the target verifies the other batch meanwhile
+        got.append(link.collect(step) is not None)
+    assert link.num_faults == 0 and client.num_stale >= 1
+    assert not got[0] and all(got[-5:]), got

@@ -297,6 +297,65 @@ def test_background_trainer_runs_updates_off_the_calling_thread():
         TrainExample(torch.zeros(4, 3 * D), torch.zeros(4, dtype=torch.long), 4)
 
 
+def test_failed_update_is_discarded_whole_and_a_later_one_applies(monkeypatch):
+    """The trainer raising mid-update (after its first optimizer step) leaves theta_train as
+    theta_inf was, publishes nothing, and the next update trains and syncs as usual."""
+    from sgl_spec.specblock.adapt import update as update_module
+
+    drafter = specblock_drafter(seed=6)
+    serving = _params(drafter)
+    copies = DrafterCopies(drafter, AdaptConfig(lr=1e-2, steps_per_update=2))
+    calls = []
+
+    def second_step_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return adapt_loss(*args, **kwargs)
+
+    monkeypatch.setattr(update_module, "adapt_loss", second_step_fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        copies.update(Action.FULL, _examples(2))
+    assert len(calls) == 2 and copies.version == 0 and not copies.sync()
+    for name, value in _params(copies.train).items():
+        torch.testing.assert_close(value, serving[name].to(value.dtype))
+    monkeypatch.setattr(update_module, "adapt_loss", adapt_loss)
+    copies.update(Action.FULL, _examples(2))
+    assert copies.sync() and not torch.equal(drafter.lm_head.weight, serving["lm_head.weight"])
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_diverging_update_raises_and_never_reaches_theta_inf(steps: int):
+    """An infinite step size turns theta_train non-finite in one step: the update fails and is
+    discarded instead of being synced (a NaN drafter would draft noise from then on)."""
+    drafter = specblock_drafter(seed=7)
+    copies = DrafterCopies(drafter, AdaptConfig(lr=float("inf"), steps_per_update=steps))
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        copies.update(Action.HEAD, _examples(2))
+    assert not copies.ready
+    assert all(torch.isfinite(v).all() for v in _params(copies.train).values())
+
+
+def test_adaptation_turns_off_after_failed_updates_in_a_row(caplog):
+    from sgl_spec.specblock.adapt.serving import MAX_FAILED_UPDATES
+
+    adapter = OnlineAdapter(specblock_drafter(seed=8), _cfg())
+    adapter.trainer.results.put((Action.HEAD, None))
+    adapter.trainer.results.put((Action.HEAD, 0.5))  # a success resets the count
+    for _ in range(MAX_FAILED_UPDATES - 1):
+        adapter.trainer.results.put((Action.FULL, None))
+    adapter.before_draft(now=1.0)
+    assert adapter.enabled and adapter.num_failed == MAX_FAILED_UPDATES - 1
+    adapter.trainer.results.put((Action.FULL, None))
+    with caplog.at_level("WARNING"):
+        adapter.before_draft(now=2.0)
+    assert not adapter.enabled and not adapter.trainer.thread.is_alive()
+    assert "adaptation off" in caplog.text
+    adapter.after_verify([1], [10], [], [], [], [[0]], torch.zeros(1, 1), torch.zeros(1, 1, 1), [0])
+    assert not adapter.queries  # no longer observed
+    adapter.close()
+
+
 def _append_num_threads(out: list[int]) -> None:
     out.append(torch.get_num_threads())
 

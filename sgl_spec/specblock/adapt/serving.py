@@ -12,7 +12,10 @@ then handed to the bandit with its examples. Trained weights enter ``theta_inf``
 ``before_draft``, called by the worker at the start of a decode step (the drafter is idle), and
 only between two of the trainer's optimizer steps.
 
-Adaptation changes drafts only: verification, and so every output token, is untouched.
+Adaptation changes drafts only: verification, and so every output token, is untouched. A
+failed update (the trainer raising, a non-finite loss) is discarded whole and the drafter in
+service keeps drafting; after ``MAX_FAILED_UPDATES`` failures in a row adaptation turns itself
+off for the server's life, with a log line, rather than train on.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.training.losses import target_to_draft_map
 
 logger = logging.getLogger(__name__)
+MAX_FAILED_UPDATES = 3  # in a row, before adaptation turns itself off
 
 
 def rejected_prob(
@@ -82,16 +86,21 @@ class OnlineAdapter:
         self.trainer = BackgroundTrainer(self.copies)
         self.queries: dict[Hashable, _Query] = {}
         self.tokens_total = 0
+        self.num_failed = 0  # updates failed in a row
+        self.enabled = True
 
     # ---- serving-thread hooks ----------------------------------------------------------------
 
     def before_draft(self, now: float | None = None) -> None:
         """Step boundary: collect finished updates, sync ready weights into ``theta_inf``."""
-        while not self.trainer.results.empty():
+        while self.enabled and not self.trainer.results.empty():
             action, loss = self.trainer.results.get_nowait()
+            self.num_failed = self.num_failed + 1 if loss is None else 0
             if loss is None and self.bandit.pending:
                 self.bandit.on_failed()
-        if self.bandit.pending and self.copies.sync():
+            if self.num_failed >= MAX_FAILED_UPDATES:
+                self._disable()
+        if self.enabled and self.bandit.pending and self.copies.sync():
             self.bandit.on_synced(self._mark(now))
 
     def after_verify(
@@ -107,6 +116,8 @@ class OnlineAdapter:
         bonus: Sequence[int],  # [bs] the target's token after each path
         now: float | None = None,
     ) -> None:
+        if not self.enabled:
+            return
         now = time.perf_counter() if now is None else now
         live = set()
         path_tokens, features = path_tokens.cpu(), features.detach().float().cpu()
@@ -133,6 +144,16 @@ class OnlineAdapter:
             self._finish(self.queries.pop(key), now)
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _disable(self) -> None:
+        self.enabled = False
+        self.queries.clear()
+        self.trainer.close()
+        logger.warning(
+            "SPECBLOCK adapt: %d updates failed in a row; adaptation off, drafting goes on"
+            " with the drafter in service (no failed update reached it)",
+            self.num_failed,
+        )
 
     def _mark(self, now: float | None) -> Mark:
         return Mark(time.perf_counter() if now is None else now, self.tokens_total)

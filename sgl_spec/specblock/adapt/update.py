@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import math
 import os
 import queue
 import threading
@@ -175,19 +176,29 @@ class DrafterCopies:
         stream: torch.cuda.Stream | None = None,
     ) -> float:
         """Step ``theta_train`` ``steps_per_update`` times (holding the lock per step, so a
-        ``sync`` never sees a half-applied step); returns the last loss."""
+        ``sync`` never sees a half-applied step); returns the last loss. An update that raises
+        -- a non-finite loss or weights included -- leaves nothing behind: ``discard`` undoes
+        the steps it already took, so neither it nor a later update publishes them."""
         loss_value = float("nan")
-        for _ in range(self.cfg.steps_per_update):
-            with self.lock:
-                params = set_trainable(self.train, action)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = adapt_loss(self.train, self.ref, examples, self.cfg.kl_weight)
-                loss.total.backward()
-                torch.nn.utils.clip_grad_norm_(params, 0.5)  # the offline clip (§4.1)
-                self.optimizer.step()
-                loss_value = float(loss.total.detach())
-        if stream is not None:
-            stream.synchronize()
+        try:
+            for _ in range(self.cfg.steps_per_update):
+                with self.lock:
+                    params = set_trainable(self.train, action)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss = adapt_loss(self.train, self.ref, examples, self.cfg.kl_weight)
+                    loss_value = float(loss.total.detach())
+                    if not math.isfinite(loss_value):
+                        raise FloatingPointError(f"non-finite adaptation loss {loss_value}")
+                    loss.total.backward()
+                    torch.nn.utils.clip_grad_norm_(params, 0.5)  # the offline clip (§4.1)
+                    self.optimizer.step()
+                    if not all(bool(torch.isfinite(p).all()) for p in params):
+                        raise FloatingPointError("non-finite drafter weights after a step")
+            if stream is not None:
+                stream.synchronize()
+        except BaseException:
+            self.discard()
+            raise
         with self.lock:
             self.version += 1
         return loss_value
@@ -211,6 +222,17 @@ class DrafterCopies:
         finally:
             self.lock.release()
         return True
+
+    def discard(self) -> None:
+        """``theta_train`` back to the weights serving drafts (``theta_inf``: every finished
+        update is synced before the next one starts) and a fresh optimizer, whose moments
+        hold the discarded steps."""
+        with self.lock:
+            weights = self.inf.state_dict()
+            self.train.load_state_dict(
+                {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+            )
+            self._new_optimizer()
 
     def mark_good(self) -> None:
         self.good = self._snapshot(self.inf)
@@ -288,7 +310,11 @@ class BackgroundTrainer:
                     loss = self.copies.update(action, examples, stream)
                 self.results.put((action, loss))
             except Exception:
-                logger.exception("SPECBLOCK adapt: %s update failed; skipped", action.value)
+                logger.exception(
+                    "SPECBLOCK adapt: %s update failed; its steps discarded, drafting goes on"
+                    " with the drafter in service",
+                    action.value,
+                )
                 self.results.put((action, None))
 
     def close(self, timeout_s: float = 5.0) -> None:

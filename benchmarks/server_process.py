@@ -7,6 +7,7 @@ detokenizer children, and only those: never stop servers by name, other sessions
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -21,8 +22,11 @@ HOST = "127.0.0.1"
 
 
 def pick_port(start: int = 0) -> int:
-    """A free local port: the first at or above ``start``, or any when ``start`` is 0."""
-    candidates = [0] if start == 0 else range(start, start + 200)
+    """A free local port: the first at or above ``start``, or, when ``start`` is 0, a random one
+    in ``[10000, 22000)``: under the kernel's ephemeral range, whose ports other processes get
+    from ``bind(0)`` and ``connect()`` while the server is still loading and has not bound its
+    own, and under SGLang's own pick for ports bound later (22000-29999)."""
+    candidates = random.sample(range(10000, 22000), 64) if start == 0 else range(start, start + 200)
     for port in candidates:
         with socket.socket() as s:
             try:
@@ -30,7 +34,7 @@ def pick_port(start: int = 0) -> int:
             except OSError:
                 continue
             return s.getsockname()[1]
-    raise RuntimeError(f"no free port in [{start}, {start + 200})")
+    raise RuntimeError(f"no free port among {len(candidates)} tried (start {start})")
 
 
 def tail(path: Path, num_lines: int = 30, line_width: int = 300) -> str:

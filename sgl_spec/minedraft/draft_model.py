@@ -17,7 +17,6 @@ in which case the last token's slot is given back and re-run to get its logits.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +38,16 @@ class _Sequence:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, as SGLang picks its own NCCL port.
+
+    The port is bound later (the rendezvous store). A port from ``bind(0)`` comes from the
+    ephemeral range, where a client may have picked the target's HTTP port the same way, still
+    unbound while the target loads: the draft's store then takes it and the target's server
+    fails to bind.
+    """
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+    return get_free_port_below_ephemeral()
 
 
 def build_model_runner(

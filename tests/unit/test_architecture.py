@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles, algorithms kept apart, generated docs up to date.
+"""The package's shape: no import cycles, algorithms kept apart, small files and functions,
+generated docs up to date.
 
 Imports are read from the source (every ``import`` statement, at module level or inside a
 function), so a cycle that only a lazy import closes still fails here.
@@ -16,6 +17,7 @@ PACKAGE = ROOT / "sgl_spec"
 ALGORITHM_PACKAGES = ("mtp", "specblock", "minedraft")
 # MINEDRAFT's draft server can host the SpecBlock drafter (--minedraft-drafter specblock):
 # these modules load, check and run it.
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 HOSTS = {
     "sgl_spec.minedraft.settings": "specblock",
     "sgl_spec.minedraft.specblock_host": "specblock",
@@ -110,6 +112,31 @@ def test_algorithms_do_not_import_each_other() -> None:
             if other in ALGORITHM_PACKAGES and other != owner and HOSTS.get(module) != other:
                 wrong.append(f"{module} imports {target}")
     assert not wrong, wrong
+
+
+def oversized(files: dict[str, Path]) -> list[str]:
+    """Files over ``MAX_FILE_LINES`` lines and functions over ``MAX_FUNCTION_LINES``."""
+    found = []
+    for module, path in files.items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_FILE_LINES:
+            found.append(f"{module}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{module}.{node.name}: {length} lines")
+    return found
+
+
+def test_oversized_sees_a_long_function(tmp_path: Path) -> None:
+    path = tmp_path / "long.py"
+    path.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert oversized({"long": path}) == [f"long.f: {MAX_FUNCTION_LINES + 1} lines"]
+
+
+def test_files_and_functions_stay_small() -> None:
+    assert not oversized(module_files()), oversized(module_files())
 
 
 def test_flags_doc_is_generated_from_the_config() -> None:

@@ -20,6 +20,7 @@ from tests.helpers.lossless import (
     joint_two_token_law,
     sample_pairs_from_law,
 )
+from tests.helpers.metrics import check_spec_metrics
 from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
@@ -83,7 +84,7 @@ def _spec_args(target: Path, draft: Path, shape: list[str]) -> list[str]:
 def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
     t, d = tiny_models["target"], tiny_models["draft"]
     return {
-        "chain": _spec_args(t, d, CHAIN),
+        "chain": [*_spec_args(t, d, CHAIN), "--enable-metrics"],
         "tree": _spec_args(t, d, TREE),
         "chain_identity": _spec_args(t, t, CHAIN),
         "tree_identity": _spec_args(t, t, FULL_TREE),
@@ -194,6 +195,15 @@ def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:
     assert isinstance(state["out"], str) and state["out"]
 
     server.check_bad_request_keeps_serving()
+
+
+def test_chain_prometheus_metrics(servers) -> None:
+    """SGLang's speculative series on ``/metrics`` (STANDALONE runs SGLang's own worker, so only
+    SGLang's) agree with the responses' meta_info after traffic: enough decode steps that SGLang
+    logs (and sets its gauges) at least once, whichever tests ran before."""
+    check_spec_metrics(
+        servers("chain"), "STANDALONE", PROMPTS[:4], max_new_tokens=160, max_drafts=3
+    )
 
 
 def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:

@@ -116,6 +116,13 @@ ALGORITHMS: dict[str, Algorithm] = {
         env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),),
     ),
     "none-1core": Algorithm(speculative=False, env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),)),
+    # SGLang's own model-free drafting (n-gram matches in the request's context), its
+    # defaults (12 draft tokens, a BFS tree) and a smaller verify (8 tokens, the tuned row)
+    "ngram": Algorithm(("--speculative-algorithm", "NGRAM"), own_speculative_flags=True),
+    "ngram-8": Algorithm(
+        ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"),
+        own_speculative_flags=True,
+    ),
     # peers, no server (hf_peer.py): transformers generate on the same target, batch 1, and the
     # same with assistant_model= the run's draft (assisted generation)
     "hf": Algorithm(speculative=False, peer=True),

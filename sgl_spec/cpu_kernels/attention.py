@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sgl_spec.cpu_kernels import paged_kv
+from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
 from sgl_spec.cpu_kernels.paged_kv import (
     ACC,
@@ -59,6 +61,8 @@ def _queries(q: torch.Tensor, num_kv_heads: int, sm_scale: float) -> torch.Tenso
     query heads sharing a KV head become rows of that head, ordered (query, head in group)."""
     num, n, heads, dim = q.shape
     group = heads // num_kv_heads
+    if n == 1:  # a decode: the layout is already (KV head, head in group), one op
+        return q.to(ACC).view(num, num_kv_heads, group, dim).mul(sm_scale)
     out = torch.empty((num, num_kv_heads, n, group, dim), dtype=ACC, device=q.device)
     out.copy_(q.view(num, n, num_kv_heads, group, dim).permute(0, 2, 1, 3, 4))
     return out.mul_(sm_scale).view(num, num_kv_heads, n * group, dim)
@@ -127,16 +131,56 @@ def decode_attention(
     if is_cross_attention:
         raise NotImplementedError("sgl_spec CPU fallback: cross-attention decode is not supported")
     if key is not None and value is not None:
-        k_cache[loc.long()] = key.to(k_cache.dtype)
-        v_cache[loc.long()] = value.to(v_cache.dtype)
+        loc = loc.long()
+        k_cache.index_copy_(0, loc, key.to(k_cache.dtype))
+        v_cache.index_copy_(0, loc, value.to(v_cache.dtype))
     bs = query.shape[0]
     if bs == 0:
         return
-    ones = torch.ones(bs, dtype=torch.int64, device=query.device)
-    batch = make_batch(req_pool_indices, seq_lens, ones, torch.arange(bs, device=query.device))
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
-    for rows, _, part in batch.parts(pad_is_cheap(batch)):
-        _decode(query[rows], k_cache, v_cache, output[rows], req_to_token, part, params)
+    plan = _DECODE_PLANS.get(
+        (req_pool_indices, seq_lens),
+        (req_to_token,),
+        (bs, sliding_window, paged_kv.POOL_VIEW),
+        lambda: _decode_plan(req_to_token, req_pool_indices, seq_lens, sliding_window),
+    )
+    for part in plan:
+        _decode(query[part.query_rows], k_cache, v_cache, output[part.query_rows], part, params)
+
+
+@dataclass(frozen=True)
+class _DecodePart:
+    """What one padded decode call reads, the same for every layer of a forward."""
+
+    query_rows: slice
+    rows: torch.Tensor  # [B, L] pool rows
+    hidden: torch.Tensor | None  # [B, 1, L] key not visible
+    start: int | None  # first pool row when read in place (``consecutive_start``)
+
+
+_DECODE_PLANS: LastCall[list[_DecodePart]] = LastCall()
+
+
+def _decode_plan(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,  # [bs]
+    seq_lens: torch.Tensor,  # [bs]
+    window: int,
+) -> list[_DecodePart]:
+    bs = req_pool_indices.shape[0]
+    ones = torch.ones(bs, dtype=torch.int64, device=seq_lens.device)
+    batch = make_batch(req_pool_indices, seq_lens, ones, torch.arange(bs, device=seq_lens.device))
+    plan = []
+    for query_rows, _, part in batch.parts(pad_is_cheap(batch)):
+        rows, key_pos = pool_rows(req_to_token, part)
+        hidden = None
+        if min(part.lens_list) < key_pos.shape[0]:
+            hidden = (key_pos[None, :] >= part.lens[:, None])[:, None, :]
+        if 0 < window < max(part.lens_list):
+            far = key_pos[None, :] <= (part.lens - window - 1)[:, None]
+            hidden = far[:, None, :] if hidden is None else hidden | far[:, None, :]
+        plan.append(_DecodePart(query_rows, rows, hidden, consecutive_start(rows)))
+    return plan
 
 
 def _decode(
@@ -144,22 +188,13 @@ def _decode(
     k_cache: torch.Tensor,  # [pool, Hkv, D]
     v_cache: torch.Tensor,  # [pool, Hkv, Dv]
     output: torch.Tensor,  # [B, H, Dv]
-    req_to_token: torch.Tensor,
-    batch: Batch,
+    part: _DecodePart,
     params: _Params,
 ) -> None:
-    rows, key_pos = pool_rows(req_to_token, batch)
-    hidden = None  # [B, 1, L]
-    if min(batch.lens_list) < key_pos.shape[0]:
-        hidden = (key_pos[None, :] >= batch.lens[:, None])[:, None, :]
-    if 0 < params.window < max(batch.lens_list):
-        far = key_pos[None, :] <= (batch.lens - params.window - 1)[:, None]
-        hidden = far[:, None, :] if hidden is None else hidden | far[:, None, :]
-    start = consecutive_start(rows)
-    k = gather_heads(k_cache, rows, params.key_scale, start=start)
-    v = gather_heads(v_cache, rows, params.value_scale, start=start)
+    k = gather_heads(k_cache, part.rows, params.key_scale, start=part.start)
+    v = gather_heads(v_cache, part.rows, params.value_scale, start=part.start)
     q = _queries(query[:, None], k.shape[1], params.sm_scale)
-    out = attend(q, k, v, hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
+    out = attend(q, k, v, part.hidden, params.logit_cap, params.sinks)  # [B, Hkv, g, Dv]
     output.copy_(out.reshape(output.shape))
 
 
@@ -196,24 +231,80 @@ def extend_attention(
         return
     if tree_mask is not None and sliding_window > 0:
         raise NotImplementedError("sgl_spec CPU fallback: tree mask with sliding window")
-    batch = make_batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
-    batched = pad_is_cheap(batch) and (tree_mask is None or batch.uniform)
+    plan = _EXTEND_PLANS.get(
+        (req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree_mask),
+        (req_to_token,),
+        (is_causal, sliding_window, paged_kv.POOL_VIEW),
+        lambda: _extend_plan(
+            req_to_token,
+            make_batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc),
+            tree_mask,
+            is_causal,
+            sliding_window,
+        ),
+    )
     given = k_extend is not None and v_extend is not None
-    for rows, mask_rows, part in batch.parts(batched):
-        if part.ext_list == [0]:
-            continue
+    for part in plan:
+        rows = part.query_rows
         _extend(
             q_extend[rows],
             (k_extend[rows], v_extend[rows]) if given else None,
             o_extend[rows],
             (k_buffer, v_buffer),
-            req_to_token,
             part,
             params,
-            None if tree_mask is None else tree_mask[mask_rows],
-            is_causal,
         )
+
+
+@dataclass(frozen=True)
+class _ExtendPart:
+    """What one padded extend call reads, the same for every layer of a forward."""
+
+    query_rows: slice
+    num: int  # requests
+    n: int  # queries of the longest request
+    rows: torch.Tensor  # [B, L] pool rows
+    token: torch.Tensor | None  # [B, n] query row of (request, j); None when uniform
+    valid: torch.Tensor | None  # [B, n] whether that query exists; None when uniform
+    new_keys: tuple[torch.Tensor, torch.Tensor, slice | torch.Tensor]  # (b, j, source row)
+    hidden: torch.Tensor | None  # [B, n or 1, L] key not visible
+    start: int | None  # first pool row when read in place (``consecutive_start``)
+
+
+_EXTEND_PLANS: LastCall[list[_ExtendPart]] = LastCall()
+
+
+def _extend_plan(
+    req_to_token: torch.Tensor,
+    batch: Batch,
+    tree_mask: torch.Tensor | None,  # flat, per request [ext, ext]
+    is_causal: bool,
+    window: int,
+) -> list[_ExtendPart]:
+    batched = pad_is_cheap(batch) and (tree_mask is None or batch.uniform)
+    plan = []
+    for query_rows, mask_rows, part in batch.parts(batched):
+        if part.ext_list == [0]:
+            continue
+        num, n = len(part.lens_list), max(part.ext_list)
+        rows, key_pos = pool_rows(req_to_token, part)
+        prefix = part.lens - part.ext  # [B]
+        j = torch.arange(n, device=rows.device)
+        b_idx = torch.arange(num, device=rows.device)[:, None].expand(num, n)
+        pos = prefix[:, None] + j  # [B, n] key position of each extend token
+        token = valid = None
+        if part.uniform:
+            new_keys = (b_idx.reshape(-1), pos.reshape(-1), slice(0, num * n))
+        else:
+            valid = j[None, :] < part.ext[:, None]
+            token = torch.where(valid, part.starts[:, None] + j, 0)
+            new_keys = (b_idx[valid], pos[valid], token[valid])
+        tree = None if tree_mask is None else tree_mask[mask_rows]
+        hidden = _extend_hidden(part, key_pos, prefix, n, tree, is_causal, window)
+        start = consecutive_start(rows)
+        plan.append(_ExtendPart(query_rows, num, n, rows, token, valid, new_keys, hidden, start))
+    return plan
 
 
 def _extend(
@@ -221,46 +312,34 @@ def _extend(
     kv_extend: tuple[torch.Tensor, torch.Tensor] | None,  # [tokens, Hkv, D], [tokens, Hkv, Dv]
     o: torch.Tensor,  # [tokens, H, Dv]
     kv_buffer: tuple[torch.Tensor, torch.Tensor],  # [pool, Hkv, D], [pool, Hkv, Dv]
-    req_to_token: torch.Tensor,
-    batch: Batch,
+    part: _ExtendPart,
     params: _Params,
-    tree: torch.Tensor | None,  # flat [B * n * n] (only for uniform batches)
-    is_causal: bool,
 ) -> None:
-    num, n = len(batch.lens_list), max(batch.ext_list)
-    rows, key_pos = pool_rows(req_to_token, batch)
-    prefix = batch.lens - batch.ext  # [B]
-    j = torch.arange(n, device=q.device)
-    token = valid = None  # [B, n]: query row of (request, j), and whether it exists
-    if batch.uniform:
+    num, n, token = part.num, part.n, part.token
+    if token is None:
         queries = q[: num * n].view(num, n, *q.shape[1:])
     else:
-        valid = j[None, :] < batch.ext[:, None]
-        token = torch.where(valid, batch.starts[:, None] + j, 0)
         queries = q[token]
     k_new = v_new = None
     if kv_extend is not None:
-        b_idx = torch.arange(num, device=q.device)[:, None].expand(num, n)
-        pos = prefix[:, None] + j  # [B, n] key position of each extend token
-        if token is None:
-            b_idx, pos = b_idx.reshape(-1), pos.reshape(-1)
-            src = slice(0, num * n)
-        else:
-            b_idx, pos, src = b_idx[valid], pos[valid], token[valid]
+        b_idx, pos, src = part.new_keys
         k_new, v_new = (b_idx, pos, kv_extend[0][src]), (b_idx, pos, kv_extend[1][src])
-    start = consecutive_start(rows)
-    k = gather_heads(kv_buffer[0], rows, params.key_scale, k_new, start)
-    v = gather_heads(kv_buffer[1], rows, params.value_scale, v_new, start)
-    hidden = _extend_hidden(batch, key_pos, prefix, n, tree, is_causal, params.window)
+    k = gather_heads(kv_buffer[0], part.rows, params.key_scale, k_new, part.start)
+    v = gather_heads(kv_buffer[1], part.rows, params.value_scale, v_new, part.start)
     out = attend(
-        _queries(queries, k.shape[1], params.sm_scale), k, v, hidden, params.logit_cap, params.sinks
+        _queries(queries, k.shape[1], params.sm_scale),
+        k,
+        v,
+        part.hidden,
+        params.logit_cap,
+        params.sinks,
     )  # [B, Hkv, n * g, Dv]
     heads, dim_v = o.shape[1], o.shape[2]
     out = out.reshape(num, k.shape[1], n, heads // k.shape[1], dim_v).transpose(1, 2)
     if token is None:
         o[: num * n].view(out.shape).copy_(out)
     else:
-        o[token[valid]] = out[valid].reshape(-1, heads, dim_v).to(o.dtype)
+        o[token[part.valid]] = out[part.valid].reshape(-1, heads, dim_v).to(o.dtype)
 
 
 def _extend_hidden(

@@ -13,10 +13,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # one fused ATen call instead of five element-wise ops (per-op overhead dominates at
+        # decode sizes); the same float32 arithmetic row by row
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (xf * weight.float()).to(x.dtype)
@@ -36,7 +41,7 @@ def fused_add_rmsnorm(
 
 def silu_and_mul(input: torch.Tensor) -> torch.Tensor:
     gate, up = input.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)
 
 
 def gelu_and_mul(input: torch.Tensor) -> torch.Tensor:
@@ -62,6 +67,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool
     return torch.stack((o1, o2), dim=-1).flatten(-2)
 
 
+_COS_SIN: LastCall[tuple[torch.Tensor, torch.Tensor]] = LastCall()
+
+
+def _neox_cos_sin(
+    positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[tokens, 1, rotary_dim]`` cos and sign-folded sin of a neox rotation, built once per
+    forward (``memo``): ``x * cos + swap_halves(x) * sin`` is then the whole rotation."""
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos_sin_cache.index_select(0, positions).to(dtype).chunk(2, dim=-1)
+        return torch.cat((cos, cos), dim=-1)[:, None], torch.cat((-sin, sin), dim=-1)[:, None]
+
+    return _COS_SIN.get((positions,), (cos_sin_cache,), (dtype,), build)
+
+
 def rotary_embedding(
     positions: torch.Tensor,  # [tokens]
     query: torch.Tensor,  # [tokens, heads * head_size] or [tokens, heads, head_size]
@@ -73,6 +94,17 @@ def rotary_embedding(
     positions = positions.flatten()
     num_tokens = positions.shape[0]
     rotary_dim = cos_sin_cache.shape[-1]
+    if is_neox and rotary_dim == head_size:
+        # the common case in four element-wise ops per tensor; each element gets the same
+        # float operations as in _rotate (a - b == a + (-b) exactly)
+        cos, sin = _neox_cos_sin(positions, cos_sin_cache, query.dtype)
+        half = head_size // 2
+        outputs = []
+        for x in (query, key):
+            xv = x.reshape(num_tokens, -1, head_size)
+            swapped = torch.cat((xv[..., half:], xv[..., :half]), dim=-1)
+            outputs.append((xv * cos + swapped * sin).reshape(x.shape))
+        return outputs[0], outputs[1]
     cos, sin = cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
     cos = cos.unsqueeze(-2).to(query.dtype)
     sin = sin.unsqueeze(-2).to(query.dtype)

@@ -90,3 +90,13 @@ class DrafterKVPool:
             kv.append((pair[0], pair[1]))
         visible = context_visibility(num_tokens, t, k, last_slot_only)
         return PrefixContext(kv, visible.to(locs.device))
+
+    def with_visibility(
+        self, context: PrefixContext, num_tokens: torch.Tensor, last_slot_only: bool
+    ) -> PrefixContext:
+        """``context`` (gathered by ``gather`` for these ``num_tokens``) seen with another
+        visibility, without gathering again: the drafter extend after a verify reads the very
+        rows the tree rounds before it read, with every slot visible."""
+        t = context.num_columns // self.block_size
+        visible = context_visibility(num_tokens, t, self.block_size, last_slot_only)
+        return PrefixContext(context.kv, visible.to(context.visible.device))

@@ -30,7 +30,7 @@ from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
-from sgl_spec.specblock.drafting import DraftResult, extend_prefix, grow_trees
+from sgl_spec.specblock.drafting import DraftResult, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import check_target_fit, load_settings
@@ -146,13 +146,14 @@ class SpecBlockWorker(TargetWrappingWorker):
         hidden: torch.Tensor,  # [rows, captured layers * d_target] the target's aux states
         tokens: torch.Tensor,  # [rows]
         row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
+        context: PrefixContext | None = None,  # already gathered for prefix_lens
     ) -> torch.Tensor:  # [bs, d] next root condition
         """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
         drafts next step, never a wrong output) and is logged."""
         try:
             features = self._features(hidden)
             return self._drafter_extend_chunks(
-                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts
+                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts, context
             )
         except Exception:
             logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
@@ -171,6 +172,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         features: torch.Tensor,
         tokens: torch.Tensor,
         row_starts: torch.Tensor,
+        context: PrefixContext | None,
     ) -> torch.Tensor:
         """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
@@ -189,7 +191,10 @@ class SpecBlockWorker(TargetWrappingWorker):
             rows = (row_starts[:, None] + offset + cols[None, :]).clamp(max=tokens.shape[0] - 1)
             positions = prefix_lens[:, None] + offset + cols[None, :]
             context_len = prefix_lens + offset
-            prefix = self._gather_context(reqs, context_len, last_slot_only=False)
+            if offset == 0 and context is not None:  # the drafting's rows, all slots visible
+                prefix = self.pool.with_visibility(context, context_len, last_slot_only=False)
+            else:
+                prefix = self._gather_context(reqs, context_len, last_slot_only=False)
             out = extend_prefix(
                 self.drafter,
                 prefix,
@@ -227,7 +232,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         seq_lens = batch.seq_lens.to(torch.long)
         seq_lens_list = seq_lens.tolist()
         roots = state.bonus_tokens.to(torch.long).tolist()
-        drafted = self._draft(reqs, seq_lens, state, roots)
+        drafted, context = self._draft(reqs, seq_lens, state, roots)
         draft_s = time.perf_counter() - tic
         width = self.draft_settings.max_nodes
         dev = self.device
@@ -257,6 +262,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             hidden,
             path_tokens.reshape(-1),
             torch.arange(bs, device=dev) * width,
+            context,
         )
         draft_s += time.perf_counter() - tic_extend
         result.next_draft_input = SpecBlockDraftInput(
@@ -294,11 +300,12 @@ class SpecBlockWorker(TargetWrappingWorker):
         except Exception:
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 
-    def _draft(self, reqs, seq_lens, state, roots) -> DraftResult:
-        """Grow the trees; on any drafter failure verify the roots alone (plain decoding)."""
+    def _draft(self, reqs, seq_lens, state, roots) -> tuple[DraftResult, PrefixContext | None]:
+        """Grow the trees, and the drafter context they read (the extend after the verify
+        reads the same rows); on any drafter failure verify the roots alone (plain decoding)."""
         try:
             prefix = self._gather_context(reqs, seq_lens, last_slot_only=True)
-            return grow_trees(
+            drafted = grow_trees(
                 self.drafter,
                 prefix,
                 state.root_cond.to(self.model_runner.dtype),
@@ -307,9 +314,10 @@ class SpecBlockWorker(TargetWrappingWorker):
                 self.draft_settings,
                 block_size=self.block_size,
             )
+            return drafted, prefix
         except Exception:
             logger.exception("SPECBLOCK: drafting failed; verifying without drafts this step")
-            return DraftResult([DraftTree.rooted_at(t) for t in roots], 0)
+            return DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
 
     def _observe(
         self,

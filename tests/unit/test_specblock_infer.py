@@ -211,6 +211,11 @@ def test_context_visibility_and_pool_round_trip():
     torch.testing.assert_close(key0[0], kv[0][0][0])
     torch.testing.assert_close(key0[1, :, :K], kv[0][0][1, :, K:])
     assert ctx.visible.int().tolist() == [[1] * 2 * K, [1] * K + [0] * K]
+    # the tree rounds' context, seen as the extend after the verify sees it: no second gather
+    rounds = pool.gather(B([[5, 1], [3, 0]]), B([2, 1]), last_slot_only=True)
+    again = pool.with_visibility(rounds, B([2, 1]), last_slot_only=False)
+    assert torch.equal(again.visible, ctx.visible)
+    assert all(a is b for a, b in zip(again.kv, rounds.kv, strict=True))
 
 
 def test_stats_alpha_and_summary():

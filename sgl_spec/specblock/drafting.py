@@ -111,6 +111,7 @@ def extend_prefix(
         positions=positions,
         context_kv=prefix.kv if prefix.num_columns else None,
         attention_mask=mask,
+        heads=False,  # nothing this pass predicts is used
     )
     last = (num_new.to(torch.long) - 1).clamp_min(0)
     root_cond = out.hidden[torch.arange(bs, device=tokens.device), last, 0]

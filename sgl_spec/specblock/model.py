@@ -38,7 +38,7 @@ from sgl_spec.specblock.rank import RankHead
 class BlockOutput:
     """One drafter forward over ``S`` starts of ``K`` positions each."""
 
-    logits: torch.Tensor  # [bs, S, K, V_d] draft logits
+    logits: torch.Tensor | None  # [bs, S, K, V_d] draft logits; None when heads were skipped
     rank_logits: torch.Tensor | None  # [bs, S, K, 4]; None when the rank head is ablated
     hidden: torch.Tensor  # [bs, S, K, d] last-layer states h^(L), cached for later blocks
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [bs, n_kv, S*K, head_dim] each
@@ -182,6 +182,7 @@ class SpecBlockDrafter(nn.Module):
         positions: torch.Tensor | None = None,  # [bs, S] position of each start token
         context_kv: ContextKV | None = None,  # per layer ([bs, n_kv, C, hd], same)
         attention_mask: torch.Tensor | None = None,  # [bs|1, S*K, C + S*K] bool
+        heads: bool = True,
     ) -> BlockOutput:
         """Draft one block of K positions for each of ``S`` starts.
 
@@ -189,7 +190,8 @@ class SpecBlockDrafter(nn.Module):
         ``p + 1 + k``, the position of the token it predicts. ``context_kv`` holds keys/values
         the caller cached (the prefix's block keys, on-path positions of earlier blocks;
         App. A.2); ``attention_mask`` defaults to :func:`block_attention_mask` with all context
-        visible.
+        visible. ``heads=False`` skips the lm_head and rank head (``logits`` and
+        ``rank_logits`` None): a pass that only fills the context needs states and keys.
         """
         bs, num_starts = input_ids.shape
         k, d = self.config.block_size, self.config.hidden_size
@@ -219,6 +221,8 @@ class SpecBlockDrafter(nn.Module):
                 position_embeddings=rope,
             )
         hidden = flat.view(bs, num_starts, k, d)
+        if not heads:
+            return BlockOutput(None, None, hidden, cache.new)
         normed = self.norm(hidden)
         logits = self.lm_head(normed)
         rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)

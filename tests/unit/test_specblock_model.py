@@ -49,6 +49,19 @@ def test_block_shapes_first_and_later_blocks():
     assert many.logits.shape == (2, 5, K, VD) and many.rank_logits.shape == (2, 5, K, 4)
 
 
+def test_forward_without_heads_keeps_states_and_keys():
+    """A context-filling pass (the drafter extend) skips the lm_head and rank head; its states
+    and keys are those of the full forward."""
+    model = specblock_drafter()
+    cond, ids = torch.randn(2, 3, 3 * D), torch.randint(0, V, (2, 3))
+    full = model(cond, ids)
+    bare = model(cond, ids, heads=False)
+    assert bare.logits is None and bare.rank_logits is None
+    assert torch.equal(bare.hidden, full.hidden)
+    for (k1, v1), (k2, v2) in zip(bare.kv, full.kv, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
 def test_config_defaults_and_validation():
     cfg = specblock_config()
     assert (cfg.block_size, cfg.num_layers, cfg.hidden_size) == (K, 2, D)

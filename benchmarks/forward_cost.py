@@ -150,11 +150,25 @@ def _bare_forward(model, cache, ids, ctx: int) -> float:
     return elapsed
 
 
+def prefilled(runner, bs: int, ctx: int, max_new: int, rng: random.Random) -> list:
+    """``bs`` fresh requests with ``ctx`` tokens already in the runner's KV pool (the pools
+    cleared first), room for ``max_new`` more each."""
+    import torch
+    from gamma_tolerance import build_extend, make_reqs
+
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    reqs = make_reqs(bs, ctx, max_new, rng, all_logits=True)
+    _, prefill = build_extend(runner, reqs, 0, ctx)
+    with torch.no_grad():
+        runner.forward(prefill)
+    return reqs
+
+
 def run_worker(model_path: str, args: argparse.Namespace) -> dict:
     """Median bare and served latency (ms) per (batch size, new tokens) for one model."""
     runner = _load_runner(model_path, args)
     import torch
-    from gamma_tolerance import make_reqs
     from transformers import DynamicCache
 
     if args.threads is not None:
@@ -164,14 +178,7 @@ def run_worker(model_path: str, args: argparse.Namespace) -> dict:
     points = []
     ctx = args.ctx_len
     for bs in args.batch_sizes:
-        runner.req_to_token_pool.clear()
-        runner.token_to_kv_pool_allocator.clear()
-        reqs = make_reqs(bs, ctx, max(args.num_tokens), rng, all_logits=True)
-        from gamma_tolerance import build_extend
-
-        _, prefill = build_extend(runner, reqs, 0, ctx)
-        with torch.no_grad():
-            runner.forward(prefill)
+        reqs = prefilled(runner, bs, ctx, max(args.num_tokens), rng)
         ids = torch.tensor([list(r.origin_input_ids) for r in reqs], dtype=torch.int64)
         cache = DynamicCache()
         with torch.no_grad():

@@ -91,8 +91,6 @@ def main(argv: list[str] | None = None) -> None:
     install_trampolines(load_base_ops(args.base), mode, spent)
 
     import forward_cost as fc
-    import torch
-    from gamma_tolerance import build_extend, make_reqs
 
     from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
 
@@ -100,12 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     runner = fc._load_runner(resolve_model_path(args.model or DEFAULT_TARGET), ns)
     print(f"base {args.base} vs this checkout; median served forward, ABBA by call")
     for bs in ns.batch_sizes:
-        runner.req_to_token_pool.clear()
-        runner.token_to_kv_pool_allocator.clear()
-        reqs = make_reqs(bs, 256, max(ns.num_tokens), random.Random(0), all_logits=True)
-        _, prefill = build_extend(runner, reqs, 0, 256)
-        with torch.no_grad():
-            runner.forward(prefill)
+        reqs = fc.prefilled(runner, bs, ns.ctx_len, max(ns.num_tokens), random.Random(0))
         for n in ns.num_tokens:
             times: dict[str, list[float]] = {"base": [], "head": []}
             spent.clear()
@@ -113,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(warmup + args.iters):
                 for v in ("head", "base") if i % 2 else ("base", "head"):
                     mode["v"] = v
-                    elapsed = fc._served_forward(runner, reqs, 256, n)
+                    elapsed = fc._served_forward(runner, reqs, ns.ctx_len, n)
                     if i >= warmup:
                         times[v].append(elapsed * 1e3)
             base, head = statistics.median(times["base"]), statistics.median(times["head"])

@@ -86,6 +86,3 @@ class LastCall(Generic[T]):
         copies = tuple(None if t is None else t.clone() for t in small)
         self._local.entry = _Entry(small, copies, large, versions, extra, value)
         return value
-
-    def clear(self) -> None:
-        self._local.entry = None

@@ -10,6 +10,7 @@ want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)
 if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
     && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('sglang') and u.find_spec('sgl_spec')))"; then
     .venv/bin/python -m sgl_spec.cpu_kernels.install >/dev/null
+    .venv/bin/python -m sgl_spec.cpu_kernels.native >/dev/null
     echo "setup.sh: .venv is up to date"
     exit 0
 fi
@@ -27,5 +28,7 @@ fi
 # --no-cache-dir: a second copy of every wheel in pip's cache would double the disk it needs.
 .venv/bin/python -m pip install --no-cache-dir --progress-bar off -e '.[test]'
 .venv/bin/python -m sgl_spec.cpu_kernels.install
+# the native CPU kernels for this host (a failed build is reported; the PyTorch ops serve)
+.venv/bin/python -m sgl_spec.cpu_kernels.native
 echo "$want" > "$STAMP"
 echo "setup.sh: done"

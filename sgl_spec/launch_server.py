@@ -144,9 +144,11 @@ def main(argv: list[str]) -> None:
         config, sglang_argv = prepare_launch(argv)
     except ConfigError as exc:
         sys.exit(f"sgl_spec.launch_server: error: {exc}")
+    from sgl_spec.cpu_kernels import native
     from sgl_spec.cpu_kernels.install import ensure_boot_hook
 
     ensure_boot_hook()
+    native.ensure_built()  # once per host and source, before any server process loads it
     os.environ[ENV_VAR] = config.to_env()
     sglang_argv = build_sglang_argv(sglang_argv, config, os.environ)
 

@@ -21,6 +21,10 @@ blocking depends on how many rows share a call, as MKL's and oneDNN's GEMMs do f
 linear layers, whose 1-row and n-row bits already differ); greedy losslessness is checked end
 to end by each algorithm's test against the non-speculative server.
 ``attention_reference`` keeps the plain dense version as an oracle.
+
+Where the native kernels are built (``native.py``), float32 decodes and short extends
+(``NATIVE_MAX_EXTEND_TOKENS``) run there instead, with the same semantics; what follows here
+serves every other call.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.cpu_kernels import paged_kv
+from sgl_spec.cpu_kernels import native, paged_kv
 from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
 from sgl_spec.cpu_kernels.paged_kv import (
@@ -42,6 +46,11 @@ from sgl_spec.cpu_kernels.paged_kv import (
     pad_is_cheap,
     pool_rows,
 )
+
+# Most extend tokens (all requests) the native kernel takes: the verify and draft passes of
+# small batches. Beyond that PyTorch's fused attention, which blocks over queries as a GEMM
+# does, is as fast or faster in a served forward (RESULTS.md, "Native CPU kernels").
+NATIVE_MAX_EXTEND_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,13 @@ def decode_attention(
     """One new query token per request attends to its whole paged context."""
     if is_cross_attention:
         raise NotImplementedError("sgl_spec CPU fallback: cross-attention decode is not supported")
+    ops = native.ops()
+    if ops is not None and _native_fits(query, output, k_cache, v_cache, key, value):
+        ops.decode_attention(
+            query, k_cache, v_cache, output, key, value, loc, req_to_token, req_pool_indices,
+            seq_lens, sm_scale, key_scale, value_scale, logit_cap, sliding_window, sinks,
+        )  # fmt: skip
+        return
     if key is not None and value is not None:
         loc = loc.long()
         k_cache.index_copy_(0, loc, key.to(k_cache.dtype))
@@ -146,6 +162,15 @@ def decode_attention(
     )
     for part in plan:
         _decode(query[part.query_rows], k_cache, v_cache, output[part.query_rows], part, params)
+
+
+def _native_fits(*tensors: torch.Tensor | None) -> bool:
+    """Float32 tensors of the layout ``csrc/ops.cpp`` reads: ``[rows, heads, dim]`` with unit
+    inner stride (a ``None`` pair of new K/V is fine: the pool holds them)."""
+    return all(
+        t is None or (t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1)
+        for t in tensors
+    )
 
 
 @dataclass(frozen=True)
@@ -231,6 +256,18 @@ def extend_attention(
         return
     if tree_mask is not None and sliding_window > 0:
         raise NotImplementedError("sgl_spec CPU fallback: tree mask with sliding window")
+    ops = native.ops()
+    if (
+        ops is not None
+        and _native_fits(q_extend, o_extend, k_buffer, v_buffer, k_extend, v_extend)
+        and q_extend.shape[0] <= NATIVE_MAX_EXTEND_TOKENS
+    ):
+        ops.extend_attention(
+            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token,
+            req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale, key_scale,
+            value_scale, logit_cap, sliding_window, sinks, tree_mask, is_causal,
+        )  # fmt: skip
+        return
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
     plan = _EXTEND_PLANS.get(
         (req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree_mask),

@@ -5,7 +5,8 @@ SGLang decides "the CPU kernels are available" by the presence of
 (needed for speculative decoding on CPU) be used, and from then on layers call these ops
 instead of their ``forward_native`` paths. Each one below computes what the native path
 computes. Weight "packing" is the identity: the packed layout is private to
-``weight_packed_linear``, which here is a plain ``F.linear``.
+``weight_packed_linear``, which here is a plain ``F.linear``. Float32 RMSNorm and neox RoPE
+go to the native kernels where they are built (``native.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sgl_spec.cpu_kernels import native
 from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
+
+F32 = torch.float32
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,6 +32,9 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    ops = native.ops()
+    if ops is not None and input.dtype == F32 and weight.dtype == F32:
+        return ops.rmsnorm(input, weight, eps)
     return _rms(input, weight, eps)
 
 
@@ -35,6 +42,17 @@ def fused_add_rmsnorm(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> None:
     """residual <- input + residual; input <- rmsnorm(residual) (both in place)."""
+    ops = native.ops()
+    if (
+        ops is not None
+        and input.dtype == F32
+        and residual.dtype == F32
+        and weight.dtype == F32
+        and input.is_contiguous()
+        and residual.is_contiguous()
+    ):
+        ops.fused_add_rmsnorm(input, residual, weight, eps)
+        return
     residual.add_(input)
     input.copy_(_rms(residual, weight, eps))
 
@@ -83,6 +101,14 @@ def _neox_cos_sin(
     return _COS_SIN.get((positions,), (cos_sin_cache,), (dtype,), build)
 
 
+def _rows_layout(x: torch.Tensor, head_size: int) -> bool:
+    """``x`` is [tokens, width] or [tokens, heads, head_size] with unit inner stride and heads
+    packed within a token (what the native RoPE reads)."""
+    if x.dim() == 2:
+        return x.stride(1) == 1
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == head_size
+
+
 def rotary_embedding(
     positions: torch.Tensor,  # [tokens]
     query: torch.Tensor,  # [tokens, heads * head_size] or [tokens, heads, head_size]
@@ -94,6 +120,16 @@ def rotary_embedding(
     positions = positions.flatten()
     num_tokens = positions.shape[0]
     rotary_dim = cos_sin_cache.shape[-1]
+    ops = native.ops()
+    if (
+        ops is not None
+        and is_neox
+        and rotary_dim == head_size
+        and query.dtype == key.dtype == cos_sin_cache.dtype == F32
+        and _rows_layout(query, head_size)
+        and _rows_layout(key, head_size)
+    ):
+        return ops.rope_neox(positions, query, key, head_size, cos_sin_cache)
     if is_neox and rotary_dim == head_size:
         # the common case in four element-wise ops per tensor; each element gets the same
         # float operations as in _rotate (a - b == a + (-b) exactly)

@@ -13,8 +13,22 @@ import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 import torch.nn.functional as F
 
+from sgl_spec.cpu_kernels import native
+
 PAGE = 4
 H, HKV, D = 4, 2, 16
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def kernels(request, monkeypatch):
+    """Each test on the native kernels (built for this host) and on the PyTorch ops."""
+    if request.param == "torch":
+        monkeypatch.setitem(native._state, "ops", None)
+    else:
+        assert native.ensure_built() is not None
+        monkeypatch.delitem(native._state, "ops", raising=False)
+        assert native.ops() is not None
+    return request.param
 
 
 def _paged_layout(seq_lens: list[int], gen: torch.Generator, pool_pages: int = 64):

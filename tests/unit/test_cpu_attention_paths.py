@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sgl_spec.cpu_kernels import paged_kv
+from sgl_spec.cpu_kernels import attention, native, paged_kv
 from sgl_spec.cpu_kernels.attention import decode_attention, extend_attention
 from sgl_spec.cpu_kernels.attention_reference import (
     decode_attention_reference,
@@ -26,6 +26,26 @@ from sgl_spec.cpu_kernels.attention_reference import (
 
 POOL = 4096
 MAX_CTX = 1024
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def kernels(request, monkeypatch):
+    """Each test on the native kernels (built for this host; every extend length) and on the
+    PyTorch paths; tests that look inside the PyTorch paths take ``torch_only``."""
+    if request.param == "torch" or "torch_only" in request.fixturenames:
+        monkeypatch.setitem(native._state, "ops", None)
+    else:
+        assert native.ensure_built() is not None
+        monkeypatch.delitem(native._state, "ops", raising=False)
+        assert native.ops() is not None
+        monkeypatch.setattr(attention, "NATIVE_MAX_EXTEND_TOKENS", 1 << 30)
+    return request.param
+
+
+@pytest.fixture
+def torch_only(kernels):
+    if kernels == "native":
+        pytest.skip("looks inside the PyTorch paths")
 
 
 @dataclass
@@ -222,6 +242,7 @@ EXTEND_CASES = {
 @pytest.mark.parametrize("name", list(EXTEND_CASES))
 def test_extend_matches_reference(name: str) -> None:
     shape, kw = EXTEND_CASES[name]
+    kw = dict(kw)  # the case table is shared by every parametrization
     gen = torch.Generator().manual_seed(11)
     prefix = shape.get("prefix", [17, 250, 64])
     ext = shape.get("ext", [6] * len(prefix))
@@ -281,7 +302,9 @@ def test_empty_batches_are_no_ops() -> None:
 
 
 @pytest.mark.parametrize("saved", [True, False])
-def test_lone_request_in_consecutive_pool_rows_is_read_in_place(monkeypatch, saved: bool) -> None:
+def test_lone_request_in_consecutive_pool_rows_is_read_in_place(
+    monkeypatch, saved: bool, torch_only
+) -> None:
     """One request whose keys sit in consecutive pool rows: decode and extend read the pool
     in place (no gather) and agree with the gathering path; extend K/V that the pool does not
     hold (``saved=False``) are used as given, never replaced by the pool's rows."""

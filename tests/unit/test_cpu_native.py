@@ -1,0 +1,200 @@
+"""The native CPU kernels (``sgl_spec/cpu_kernels/csrc/ops.cpp``) against the PyTorch ops.
+
+The attention kernels are also checked against the float64 reference by
+``test_cpu_attention*.py`` (every test there runs on both). Here: the element-wise kernels
+round exactly as PyTorch does (RoPE, the residual add), reductions agree to float32 rounding;
+a request's attention does not depend on the batch; bad indices raise instead of reading
+outside the pool; the build is keyed by its source and can be turned off.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
+import torch
+
+from sgl_spec.cpu_kernels import attention, layers, native
+
+
+@pytest.fixture(scope="module")
+def ops():
+    assert native.ensure_built() is not None, "the native kernels must build on this host"
+    native._state.pop("ops", None)
+    loaded = native.ops()
+    assert loaded is not None
+    return loaded
+
+
+def _cos_sin(max_pos: int, dim: int) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def test_rope_rounds_as_pytorch(ops, monkeypatch) -> None:
+    """Strided views of a fused QKV output (what SGLang passes) and 3-d tensors."""
+    gen = torch.Generator().manual_seed(0)
+    cache = _cos_sin(512, 64)
+    qkv = torch.randn(7, 8 * 64 + 2 * 2 * 64, generator=gen)
+    q, k, _ = qkv.split([8 * 64, 2 * 64, 2 * 64], dim=-1)
+    pos = torch.randint(0, 512, (7,), generator=gen)
+    got = torch.ops.sgl_kernel.rotary_embedding_cpu(pos, q, k, 64, cache, True)
+    monkeypatch.setitem(native._state, "ops", None)
+    want = torch.ops.sgl_kernel.rotary_embedding_cpu(pos, q, k, 64, cache, True)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        assert torch.equal(g, w)
+    q3, k3 = q.reshape(7, 8, 64).contiguous(), k.reshape(7, 2, 64).contiguous()
+    got3 = ops.rope_neox(pos, q3, k3, 64, cache)
+    assert torch.equal(got3[0], want[0].view(7, 8, 64))
+    assert torch.equal(got3[1], want[1].view(7, 2, 64))
+
+
+def test_rope_rejects_positions_past_the_cache(ops) -> None:
+    cache = _cos_sin(16, 64)
+    q, k = torch.randn(2, 64), torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="position out of range"):
+        ops.rope_neox(torch.tensor([3, 16]), q, k, 64, cache)
+
+
+def test_rmsnorm_and_fused_add(ops) -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 512, generator=gen) * 3
+    w = torch.randn(512, generator=gen)
+    r = torch.randn(5, 512, generator=gen)
+    torch.testing.assert_close(ops.rmsnorm(x, w, 1e-6), layers._rms(x, w, 1e-6), rtol=1e-6, atol=1e-6)  # fmt: skip
+    x1, r1, x2, r2 = x.clone(), r.clone(), x.clone(), r.clone()
+    layers.fused_add_rmsnorm(x1, r1, w, 1e-6)  # native
+    r2.add_(x2)
+    x2.copy_(layers._rms(r2, w, 1e-6))
+    assert torch.equal(r1, r2)  # the residual add rounds as PyTorch's
+    torch.testing.assert_close(x1, x2, rtol=1e-6, atol=1e-6)
+    # a row's result does not depend on the other rows of the call
+    assert torch.equal(ops.rmsnorm(x[2:3], w, 1e-6), ops.rmsnorm(x, w, 1e-6)[2:3])
+
+
+def test_other_dtypes_take_the_pytorch_path(ops) -> None:
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    assert layers.rmsnorm(x, w, 1e-6).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.rmsnorm(x, w, 1e-6)
+
+
+def _pool(gen: torch.Generator, lens: list[int], pool: int = 2048, index=torch.int32):
+    req_to_token = torch.zeros(len(lens) + 1, 1024, dtype=index)
+    perm = torch.randperm(pool - 1, generator=gen) + 1
+    used = 0
+    for b, n in enumerate(lens):
+        req_to_token[b + 1, :n] = perm[used : used + n].to(index)
+        used += n
+    k = torch.randn(pool, 2, 64, generator=gen)
+    v = torch.randn(pool, 2, 64, generator=gen)
+    return req_to_token, k, v
+
+
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_decode_row_does_not_depend_on_the_batch(ops, index) -> None:
+    """Bit for bit: a request decoded alone and inside a batch (chunking is per request)."""
+    gen = torch.Generator().manual_seed(2)
+    lens = [300, 1, 65, 129]
+    r2t, k, v = _pool(gen, lens, index=index)
+    q = torch.randn(4, 8, 64, generator=gen)
+    rpi = torch.arange(1, 5)
+
+    def decode(rows: list[int]) -> torch.Tensor:
+        out = torch.empty(len(rows), 8, 64)
+        ops.decode_attention(
+            q[rows], k, v, out, None, None, torch.zeros(len(rows), dtype=torch.int64), r2t,
+            rpi[rows], torch.tensor([lens[i] for i in rows]), 0.125, 1.0, 1.0, 0.0, 0, None,
+        )  # fmt: skip
+        return out
+
+    together = decode([0, 1, 2, 3])
+    for i in range(4):
+        assert torch.equal(decode([i]), together[i : i + 1])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(decode([0, 1, 2, 3]), together)  # nor on the thread count
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_decode_writes_the_new_key_and_value_first(ops) -> None:
+    gen = torch.Generator().manual_seed(3)
+    r2t, k, v = _pool(gen, [10])
+    new_k, new_v = torch.randn(1, 2, 64, generator=gen), torch.randn(1, 2, 64, generator=gen)
+    loc = r2t[1, 9:10].long()
+    q = torch.randn(1, 8, 64, generator=gen)
+    out = torch.empty(1, 8, 64)
+    ops.decode_attention(q, k, v, out, new_k, new_v, loc, r2t, torch.tensor([1]),
+                         torch.tensor([10]), 0.125, 1.0, 1.0, 0.0, 0, None)  # fmt: skip
+    assert torch.equal(k[loc], new_k) and torch.equal(v[loc], new_v)
+
+
+@pytest.mark.parametrize(
+    ("lens", "rpi", "message"),
+    [
+        ([5], [9], "request row out of range"),
+        ([2000], [1], "seq_len out of range"),
+        ([0], [1], "seq_len out of range"),
+    ],
+)
+def test_decode_rejects_bad_indices(ops, lens, rpi, message) -> None:
+    gen = torch.Generator().manual_seed(4)
+    r2t, k, v = _pool(gen, [5])
+    out = torch.empty(1, 8, 64)
+    with pytest.raises(RuntimeError, match=message):
+        ops.decode_attention(torch.randn(1, 8, 64), k, v, out, None, None, torch.zeros(1),
+                             r2t, torch.tensor(rpi), torch.tensor(lens), 0.125, 1.0, 1.0, 0.0,
+                             0, None)  # fmt: skip
+
+
+def test_decode_rejects_pool_rows_outside_the_pool(ops) -> None:
+    gen = torch.Generator().manual_seed(5)
+    r2t, k, v = _pool(gen, [5])
+    r2t[1, 3] = k.shape[0] + 7
+    with pytest.raises(RuntimeError, match="KV row out of range"):
+        ops.decode_attention(torch.randn(1, 8, 64), k, v, torch.empty(1, 8, 64), None, None,
+                             torch.zeros(1), r2t, torch.tensor([1]), torch.tensor([5]), 0.125,
+                             1.0, 1.0, 0.0, 0, None)  # fmt: skip
+
+
+def test_extend_limit_routes_long_extends_to_pytorch(ops, monkeypatch) -> None:
+    """Above ``NATIVE_MAX_EXTEND_TOKENS`` extend tokens the PyTorch path serves."""
+    calls = []
+    real = ops.extend_attention
+    monkeypatch.setattr(native, "ops", lambda: type("Ops", (), {
+        "extend_attention": staticmethod(lambda *a: calls.append(1) or real(*a)),
+        "decode_attention": ops.decode_attention,
+    })())  # fmt: skip
+    gen = torch.Generator().manual_seed(6)
+    for n in (attention.NATIVE_MAX_EXTEND_TOKENS, attention.NATIVE_MAX_EXTEND_TOKENS + 1):
+        r2t, k, v = _pool(gen, [40 + n])
+        q = torch.randn(n, 8, 64, generator=gen)
+        out = torch.empty(n, 8, 64)
+        attention.extend_attention(
+            q, None, None, out, k, v, 1.0, 1.0, r2t, torch.tensor([1]), torch.tensor([40 + n]),
+            torch.tensor([n]), torch.tensor([0]), n, 0.125, 0.0, False, 0, None, None, None, True,
+        )  # fmt: skip
+        assert torch.isfinite(out).all()
+    assert calls == [1]
+
+
+def test_switch_and_key(monkeypatch, tmp_path) -> None:
+    """``SGLSPEC_CPU_NATIVE=0`` means the PyTorch ops; the build is keyed by its source."""
+    monkeypatch.setitem(native._state, "ops", "sentinel")
+    assert native.ops() == "sentinel"  # loaded once per process
+    monkeypatch.delitem(native._state, "ops")
+    monkeypatch.setenv(native.ENV_SWITCH, "0")
+    assert native.ops() is None
+    assert native.ensure_built() is None
+    monkeypatch.delenv(native.ENV_SWITCH)
+    path = native.library_path()
+    edited = tmp_path / "ops.cpp"
+    edited.write_text(native.SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(native, "SOURCE", edited)
+    assert native.library_path() != path
+    monkeypatch.setenv(native.ENV_DIR, str(tmp_path / "builds"))
+    assert native.library_path().parent == tmp_path / "builds"

@@ -5,8 +5,8 @@ SGLang decides "the CPU kernels are available" by the presence of
 (needed for speculative decoding on CPU) be used, and from then on layers call these ops
 instead of their ``forward_native`` paths. Each one below computes what the native path
 computes. Weight "packing" is the identity: the packed layout is private to
-``weight_packed_linear``, which here is a plain ``F.linear``. Float32 RMSNorm and neox RoPE
-go to the native kernels where they are built (``native.py``).
+``weight_packed_linear``, which here is a plain ``F.linear``. Float32 RMSNorm, neox RoPE
+and KV row stores go to the native kernels where they are built (``native.py``).
 """
 
 from __future__ import annotations
@@ -190,6 +190,18 @@ def store_cache(
     indices: torch.Tensor,
     row_dim: int,
 ) -> None:
+    ops = native.ops()
+    if ops is not None and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype == F32:
+        ks, vs = k.reshape(-1, row_dim), v.reshape(-1, row_dim)
+        if (
+            ks.stride(1) == 1
+            and vs.stride(1) == 1
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+        ):
+            ops.store_rows(ks, k_cache, indices)
+            ops.store_rows(vs, v_cache, indices)
+            return
     idx = indices.long()
     k_cache.view(-1, row_dim)[idx] = k.reshape(-1, row_dim).to(k_cache.dtype)
     v_cache.view(-1, row_dim)[idx] = v.reshape(-1, row_dim).to(v_cache.dtype)

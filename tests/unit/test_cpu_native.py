@@ -198,3 +198,19 @@ def test_switch_and_key(monkeypatch, tmp_path) -> None:
     assert native.library_path() != path
     monkeypatch.setenv(native.ENV_DIR, str(tmp_path / "builds"))
     assert native.library_path().parent == tmp_path / "builds"
+
+
+def test_store_cache_writes_strided_rows(ops) -> None:
+    """What SGLang passes: K and V as views of the fused QKV output, rows by index."""
+    gen = torch.Generator().manual_seed(8)
+    qkv = torch.randn(5, 3 * 128, generator=gen)
+    _, k, v = qkv.split([128, 128, 128], dim=-1)
+    k3, v3 = k.view(5, 2, 64), v.view(5, 2, 64)
+    rows = torch.tensor([7, 0, 31, 8, 9], dtype=torch.int32)
+    caches = [torch.zeros(32, 2, 64) for _ in range(4)]
+    torch.ops.sgl_kernel.store_cache_cpu(k3, v3, caches[0], caches[1], rows, 128)
+    caches[2].view(-1, 128)[rows.long()] = k
+    caches[3].view(-1, 128)[rows.long()] = v
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    with pytest.raises(RuntimeError, match="KV row out of range"):
+        ops.store_rows(k, caches[0], torch.tensor([1, 2, 3, 4, 32]))

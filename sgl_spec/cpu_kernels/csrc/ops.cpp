@@ -45,12 +45,13 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
 
-// exp(x) for x <= 0 (softmax weights) in plain float arithmetic the compiler vectorises
-// (with -fno-trapping-math): a Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial,
-// within a few ulp of expf where the result is a normal float; below ~1e-38 it returns ~0.
-inline float exp_nonpositive(float x) {
-  x = std::min(std::max(x, -87.0f), 0.0f);
-  const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);  // round(x / ln 2)
+// exp(x) in plain float arithmetic the compiler vectorises (with -fno-trapping-math): x
+// clamped to [-87, 88], a Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial;
+// within a few ulp of expf where the result is a normal float.
+inline float exp_clamped(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // round(x / ln 2): the shifted value is positive, so truncation is floor
+  const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;
   const float n = static_cast<float>(k);
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -66,6 +67,11 @@ inline float exp_nonpositive(float x) {
 void check_f32(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat, "sgl_spec_native: ", name, " must be float32");
   TORCH_CHECK(t.device().is_cpu(), "sgl_spec_native: ", name, " must be on CPU");
+}
+
+inline int64_t index_at(const at::Tensor& t, int64_t i) {
+  return t.scalar_type() == at::kInt ? static_cast<int64_t>(t.data_ptr<int32_t>()[i])
+                                     : t.data_ptr<int64_t>()[i];
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------
@@ -115,6 +121,29 @@ void fused_add_rmsnorm(at::Tensor& input, at::Tensor& residual, const at::Tensor
       rms_row(res, wp, x, n, (float)eps);
     }
   });
+}
+
+// ---- KV rows ----------------------------------------------------------------------------
+
+// cache.view(-1, row_dim)[indices[t]] = src[t] for t < tokens; src is [tokens, row_dim]
+// with unit inner stride (a view of the fused QKV output).
+void store_rows(const at::Tensor& src, at::Tensor& cache, const at::Tensor& indices) {
+  check_f32(src, "src");
+  check_f32(cache, "cache");
+  TORCH_CHECK(src.dim() == 2 && src.stride(1) == 1 && cache.is_contiguous() &&
+                  indices.is_contiguous() && indices.numel() == src.size(0) &&
+                  (indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong),
+              "sgl_spec_native: store_rows layout");
+  const int64_t row_dim = src.size(1);
+  TORCH_CHECK(row_dim > 0 && cache.numel() % row_dim == 0, "sgl_spec_native: row_dim");
+  const int64_t pool = cache.numel() / row_dim;
+  const float* sp = src.data_ptr<float>();
+  float* cp = cache.data_ptr<float>();
+  for (int64_t t = 0; t < src.size(0); ++t) {
+    const int64_t row = index_at(indices, t);
+    TORCH_CHECK(row >= 0 && row < pool, "sgl_spec_native: KV row out of range");
+    std::copy_n(sp + t * src.stride(0), row_dim, cp + row * row_dim);
+  }
 }
 
 // ---- RoPE (neox layout, rotary over the whole head) --------------------------------------
@@ -178,11 +207,6 @@ std::tuple<at::Tensor, at::Tensor> rope_neox(const at::Tensor& positions, const 
 }
 
 // ---- paged attention (decode and short extends) ----------------------------------------
-
-inline int64_t index_at(const at::Tensor& t, int64_t i) {
-  return t.scalar_type() == at::kInt ? static_cast<int64_t>(t.data_ptr<int32_t>()[i])
-                                     : t.data_ptr<int64_t>()[i];
-}
 
 // Writes rows [bs, Hkv, D] of ``src`` into ``cache`` at pool rows ``loc``.
 void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc) {
@@ -351,7 +375,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
           const float m = mx[i * H + h];
           const float* vrow = vis.data() + i * kChunk;
           for (int64_t j = 0; j < kChunk; ++j) {
-            p[j] = exp_nonpositive(p[j] - m) * vrow[j];
+            p[j] = exp_clamped(std::min(p[j] - m, 0.f)) * vrow[j];
           }
           float sum = 0.f;
           for (int64_t j = 0; j < nk; ++j) sum += p[j];
@@ -570,6 +594,7 @@ void extend_attention(const at::Tensor& q_extend, const std::optional<at::Tensor
 
 SGLSPEC_LIBRARY(SGLSPEC_NATIVE_NS, m) {
   m.def("rmsnorm(Tensor input, Tensor weight, float eps) -> Tensor", &rmsnorm);
+  m.def("store_rows(Tensor src, Tensor(a!) cache, Tensor indices) -> ()", &store_rows);
   m.def("fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()",
         &fused_add_rmsnorm);
   m.def(

@@ -50,7 +50,7 @@ from sgl_spec.cpu_kernels.paged_kv import (
 # Most extend tokens (all requests) the native kernel takes: the verify and draft passes of
 # small batches. Beyond that PyTorch's fused attention, which blocks over queries as a GEMM
 # does, is as fast or faster in a served forward (RESULTS.md, "Native CPU kernels").
-NATIVE_MAX_EXTEND_TOKENS = 32
+NATIVE_MAX_EXTEND_TOKENS = 16
 
 
 @dataclass(frozen=True)

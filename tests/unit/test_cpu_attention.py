@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels import native
+from tests.helpers.native_kernels import require_native
 
 PAGE = 4
 H, HKV, D = 4, 2, 16
@@ -25,9 +26,7 @@ def kernels(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setitem(native._state, "ops", None)
     else:
-        assert native.ensure_built() is not None
-        monkeypatch.delitem(native._state, "ops", raising=False)
-        assert native.ops() is not None
+        require_native(monkeypatch)
     return request.param
 
 

@@ -23,6 +23,7 @@ from sgl_spec.cpu_kernels.attention_reference import (
     decode_attention_reference,
     extend_attention_reference,
 )
+from tests.helpers.native_kernels import require_native
 
 POOL = 4096
 MAX_CTX = 1024
@@ -35,9 +36,7 @@ def kernels(request, monkeypatch):
     if request.param == "torch" or "torch_only" in request.fixturenames:
         monkeypatch.setitem(native._state, "ops", None)
     else:
-        assert native.ensure_built() is not None
-        monkeypatch.delitem(native._state, "ops", raising=False)
-        assert native.ops() is not None
+        require_native(monkeypatch)
         monkeypatch.setattr(attention, "NATIVE_MAX_EXTEND_TOKENS", 1 << 30)
     return request.param
 

@@ -14,15 +14,12 @@ import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 
 from sgl_spec.cpu_kernels import attention, layers, native
+from tests.helpers.native_kernels import require_native
 
 
 @pytest.fixture(scope="module")
 def ops():
-    assert native.ensure_built() is not None, "the native kernels must build on this host"
-    native._state.pop("ops", None)
-    loaded = native.ops()
-    assert loaded is not None
-    return loaded
+    return require_native()
 
 
 def _cos_sin(max_pos: int, dim: int) -> torch.Tensor:

@@ -1,30 +1,24 @@
 """Paged decode / extend attention: PyTorch versions of ``decode_attention_cpu`` and
-``extend_attention_cpu`` as SGLang 0.5.23's ``IntelAMXAttnBackend`` calls them.
+``extend_attention_cpu`` as SGLang 0.5.23's ``IntelAMXAttnBackend`` calls them. Float32
+decodes and short extends go to the native kernels first where they are built
+(``attention_native``), with the same semantics; what is here serves every other call.
 
 Paged layout: ``req_to_token[req_pool_indices[b], j]`` is the KV-pool row of token ``j`` of
 request ``b``; ``k_buffer``/``v_buffer`` are ``[pool_size, num_kv_heads, head_dim]``. This module
 holds the ops and the attention arithmetic (query layout, masks, softmax); ``paged_kv.py``
 groups requests into batches and gathers their K/V from the pool.
 
-Cost: at served sizes (a few queries per request against tens to hundreds of keys, batch
-1-16) time goes to memory traffic and per-op overhead, not arithmetic. So K and V are
-gathered once (``index_select``), or read in place when a lone request's pool rows are
-consecutive, and handed to the attention as a head-major view, without another copy; grouped
-query heads become extra query rows of their KV head (a view, not a repeat); a mask is built
-only where some key is hidden (a full-length decode has none); and without logit cap or sinks
-the product runs in PyTorch's fused CPU attention (``scaled_dot_product_attention``).
-A batch whose padding would waste most of the work (``MAX_PAD``) runs request by request.
+Cost: at served sizes time goes to memory traffic and per-op overhead, not arithmetic. K and
+V are gathered once (``index_select``), or read in place when a lone request's pool rows are
+consecutive, as a head-major view; grouped query heads become extra query rows of their KV
+head (a view); a mask only where some key is hidden; without logit cap or sinks the product
+runs in PyTorch's fused CPU attention. A batch whose padding would waste most of the work
+(``MAX_PAD``) runs request by request.
 
-Precision: float32 throughout, as the model's linear layers. A token decoded alone and the
-same token inside a verify block agree up to float32 rounding, not bit for bit (the kernels'
-blocking depends on how many rows share a call, as MKL's and oneDNN's GEMMs do for the
-linear layers, whose 1-row and n-row bits already differ); greedy losslessness is checked end
-to end by each algorithm's test against the non-speculative server.
-``attention_reference`` keeps the plain dense version as an oracle.
-
-Where the native kernels are built (``native.py``), float32 decodes and short extends
-(``NATIVE_MAX_EXTEND_TOKENS``) run there instead, with the same semantics; what follows here
-serves every other call.
+Precision: float32, as the linear layers. A token decoded alone and inside a verify block
+agree up to float32 rounding (blocking depends on how many rows share a call, as for the
+GEMMs); each algorithm's greedy test checks what that means for served tokens against the
+non-speculative server. ``attention_reference`` keeps the plain dense version as an oracle.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.cpu_kernels import native, paged_kv
+from sgl_spec.cpu_kernels import attention_native, paged_kv
 from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
 from sgl_spec.cpu_kernels.paged_kv import (
@@ -46,11 +40,6 @@ from sgl_spec.cpu_kernels.paged_kv import (
     pad_is_cheap,
     pool_rows,
 )
-
-# Most extend tokens (all requests) the native kernel takes: the verify and draft passes of
-# small batches. Beyond that PyTorch's fused attention, which blocks over queries as a GEMM
-# does, is as fast or faster in a served forward (RESULTS.md, "Native CPU kernels").
-NATIVE_MAX_EXTEND_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -139,12 +128,10 @@ def decode_attention(
     """One new query token per request attends to its whole paged context."""
     if is_cross_attention:
         raise NotImplementedError("sgl_spec CPU fallback: cross-attention decode is not supported")
-    ops = native.ops()
-    if ops is not None and _native_fits(query, output, k_cache, v_cache, key, value):
-        ops.decode_attention(
-            query, k_cache, v_cache, output, key, value, loc, req_to_token, req_pool_indices,
-            seq_lens, sm_scale, key_scale, value_scale, logit_cap, sliding_window, sinks,
-        )  # fmt: skip
+    if attention_native.decode(
+        query, k_cache, v_cache, output, key, value, loc, req_to_token, req_pool_indices,
+        seq_lens, (sm_scale, key_scale, value_scale), logit_cap, sliding_window, sinks,
+    ):  # fmt: skip
         return
     if key is not None and value is not None:
         loc = loc.long()
@@ -162,15 +149,6 @@ def decode_attention(
     )
     for part in plan:
         _decode(query[part.query_rows], k_cache, v_cache, output[part.query_rows], part, params)
-
-
-def _native_fits(*tensors: torch.Tensor | None) -> bool:
-    """Float32 tensors of the layout ``csrc/ops.cpp`` reads: ``[rows, heads, dim]`` with unit
-    inner stride (a ``None`` pair of new K/V is fine: the pool holds them)."""
-    return all(
-        t is None or (t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1)
-        for t in tensors
-    )
 
 
 @dataclass(frozen=True)
@@ -256,42 +234,25 @@ def extend_attention(
         return
     if tree_mask is not None and sliding_window > 0:
         raise NotImplementedError("sgl_spec CPU fallback: tree mask with sliding window")
-    ops = native.ops()
-    if (
-        ops is not None
-        and _native_fits(q_extend, o_extend, k_buffer, v_buffer, k_extend, v_extend)
-        and q_extend.shape[0] <= NATIVE_MAX_EXTEND_TOKENS
-    ):
-        ops.extend_attention(
-            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token,
-            req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, sm_scale, key_scale,
-            value_scale, logit_cap, sliding_window, sinks, tree_mask, is_causal,
-        )  # fmt: skip
+    lens = (req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc)
+    if attention_native.extend(
+        q_extend, (k_extend, v_extend), o_extend, (k_buffer, v_buffer), req_to_token, lens,
+        (sm_scale, key_scale, value_scale), logit_cap, sliding_window, sinks, tree_mask,
+        is_causal,
+    ):  # fmt: skip
         return
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)
     plan = _EXTEND_PLANS.get(
-        (req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree_mask),
+        (*lens, tree_mask),
         (req_to_token,),
         (is_causal, sliding_window, paged_kv.POOL_VIEW),
-        lambda: _extend_plan(
-            req_to_token,
-            make_batch(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc),
-            tree_mask,
-            is_causal,
-            sliding_window,
-        ),
+        lambda: _extend_plan(req_to_token, make_batch(*lens), tree_mask, is_causal, sliding_window),
     )
     given = k_extend is not None and v_extend is not None
     for part in plan:
         rows = part.query_rows
-        _extend(
-            q_extend[rows],
-            (k_extend[rows], v_extend[rows]) if given else None,
-            o_extend[rows],
-            (k_buffer, v_buffer),
-            part,
-            params,
-        )
+        kv = (k_extend[rows], v_extend[rows]) if given else None
+        _extend(q_extend[rows], kv, o_extend[rows], (k_buffer, v_buffer), part, params)
 
 
 @dataclass(frozen=True)

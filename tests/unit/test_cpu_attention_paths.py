@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sgl_spec.cpu_kernels import attention, native, paged_kv
+from sgl_spec.cpu_kernels import attention_native, native, paged_kv
 from sgl_spec.cpu_kernels.attention import decode_attention, extend_attention
 from sgl_spec.cpu_kernels.attention_reference import (
     decode_attention_reference,
@@ -37,7 +37,7 @@ def kernels(request, monkeypatch):
         monkeypatch.setitem(native._state, "ops", None)
     else:
         require_native(monkeypatch)
-        monkeypatch.setattr(attention, "NATIVE_MAX_EXTEND_TOKENS", 1 << 30)
+        monkeypatch.setattr(attention_native, "NATIVE_MAX_EXTEND_TOKENS", 1 << 30)
     return request.param
 
 

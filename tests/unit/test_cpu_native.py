@@ -13,7 +13,7 @@ import pytest
 import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 
-from sgl_spec.cpu_kernels import attention, layers, native
+from sgl_spec.cpu_kernels import attention, attention_native, layers, native
 from tests.helpers.native_kernels import require_native
 
 
@@ -167,7 +167,10 @@ def test_extend_limit_routes_long_extends_to_pytorch(ops, monkeypatch) -> None:
         "decode_attention": ops.decode_attention,
     })())  # fmt: skip
     gen = torch.Generator().manual_seed(6)
-    for n in (attention.NATIVE_MAX_EXTEND_TOKENS, attention.NATIVE_MAX_EXTEND_TOKENS + 1):
+    for n in (
+        attention_native.NATIVE_MAX_EXTEND_TOKENS,
+        attention_native.NATIVE_MAX_EXTEND_TOKENS + 1,
+    ):
         r2t, k, v = _pool(gen, [40 + n])
         q = torch.randn(n, 8, 64, generator=gen)
         out = torch.empty(n, 8, 64)

@@ -1,0 +1,81 @@
+"""Which attention calls the native kernels (``csrc/ops.cpp``) take, and the calls.
+
+``attention.decode_attention`` / ``extend_attention`` ask here first; each returns True when
+it ran the call natively (float32 tensors in the ``[rows, heads, dim]`` layout the kernels
+read, unit inner stride, the library built), else False and the PyTorch path serves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_spec.cpu_kernels import native
+
+# Most extend tokens (all requests) the native kernel takes: the verify and draft passes of
+# small batches. Beyond that PyTorch's fused attention, which blocks over queries as a GEMM
+# does, is as fast or faster in a served forward (RESULTS.md, "Native CPU kernels").
+NATIVE_MAX_EXTEND_TOKENS = 16
+
+
+def fits(*tensors: torch.Tensor | None) -> bool:
+    """Float32 ``[rows, heads, dim]`` with unit inner stride (``None``, an absent pair of new
+    K/V, is fine: the pool holds them)."""
+    return all(
+        t is None or (t.dtype == torch.float32 and t.dim() == 3 and t.stride(2) == 1)
+        for t in tensors
+    )
+
+
+def decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    output: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    loc: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scales: tuple[float, float, float],  # sm_scale, key_scale, value_scale
+    logit_cap: float,
+    window: int,
+    sinks: torch.Tensor | None,
+) -> bool:
+    ops = native.ops()
+    if ops is None or not fits(query, output, k_cache, v_cache, key, value):
+        return False
+    ops.decode_attention(
+        query, k_cache, v_cache, output, key, value, loc, req_to_token, req_pool_indices,
+        seq_lens, *scales, logit_cap, window, sinks,
+    )  # fmt: skip
+    return True
+
+
+def extend(
+    q_extend: torch.Tensor,
+    kv_extend: tuple[torch.Tensor | None, torch.Tensor | None],
+    o_extend: torch.Tensor,
+    kv_buffer: tuple[torch.Tensor, torch.Tensor],
+    req_to_token: torch.Tensor,
+    lens: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    scales: tuple[float, float, float],  # sm_scale, key_scale, value_scale
+    logit_cap: float,
+    window: int,
+    sinks: torch.Tensor | None,
+    tree_mask: torch.Tensor | None,
+    is_causal: bool,
+) -> bool:
+    """``lens``: req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc."""
+    ops = native.ops()
+    if (
+        ops is None
+        or q_extend.shape[0] > NATIVE_MAX_EXTEND_TOKENS
+        or not fits(q_extend, o_extend, *kv_buffer, *kv_extend)
+    ):
+        return False
+    ops.extend_attention(
+        q_extend, *kv_extend, o_extend, *kv_buffer, req_to_token, *lens, *scales, logit_cap,
+        window, sinks, tree_mask, is_causal,
+    )  # fmt: skip
+    return True

@@ -86,13 +86,14 @@ def _compile_command(out: Path) -> list[str]:
     return cmd
 
 
-def build(force: bool = False) -> Path:
-    """Compile the library for this host unless a current build exists; return its path.
+def build(path: Path | None = None) -> Path:
+    """Compile the library for this host unless a current build exists at ``path`` (default
+    ``library_path()``); return the path.
 
     Several processes may build at once: each compiles to a temporary file and renames it
     into place, so a reader only ever sees a whole library."""
-    path = library_path()
-    if path.exists() and not force:
+    path = path or library_path()
+    if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
@@ -146,7 +147,7 @@ def ensure_built() -> Path | None:
         path = library_path()
         if not path.exists():
             logger.warning("sgl_spec: building native CPU kernels %s (once per host)", path)
-        return build()
+        return build(path)
     except (OSError, RuntimeError) as exc:
         logger.warning("sgl_spec: native CPU kernels not built (%s); PyTorch ops serve", exc)
         return None

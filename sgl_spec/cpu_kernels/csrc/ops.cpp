@@ -125,25 +125,36 @@ void fused_add_rmsnorm(at::Tensor& input, at::Tensor& residual, const at::Tensor
 
 // ---- KV rows ----------------------------------------------------------------------------
 
-// cache.view(-1, row_dim)[indices[t]] = src[t] for t < tokens; src is [tokens, row_dim]
-// with unit inner stride (a view of the fused QKV output).
+// cache[loc[t]] = src[t] for each row t of ``src`` ([rows, heads, dim], unit inner stride;
+// ``cache`` [pool, heads, dim]): the new K/V of a decode, the KV stores of a forward.
+void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc) {
+  const int64_t rows = src.size(0), heads = src.size(1), dim = src.size(2);
+  TORCH_CHECK(loc.numel() >= rows && loc.is_contiguous() &&
+                  (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
+              "sgl_spec_native: one contiguous int32/int64 KV row index per new token");
+  const float* sp = src.data_ptr<float>();
+  float* cp = cache.data_ptr<float>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t row = index_at(loc, t);
+    TORCH_CHECK(row >= 0 && row < cache.size(0), "sgl_spec_native: KV row out of range");
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(sp + t * src.stride(0) + h * src.stride(1), dim,
+                  cp + row * cache.stride(0) + h * cache.stride(1));
+  }
+}
+
+// cache.view(-1, row_dim)[indices[t]] = src[t]; src is [tokens, row_dim] with unit inner
+// stride (a view of the fused QKV output).
 void store_rows(const at::Tensor& src, at::Tensor& cache, const at::Tensor& indices) {
   check_f32(src, "src");
   check_f32(cache, "cache");
   TORCH_CHECK(src.dim() == 2 && src.stride(1) == 1 && cache.is_contiguous() &&
-                  indices.is_contiguous() && indices.numel() == src.size(0) &&
-                  (indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong),
+                  indices.numel() == src.size(0),
               "sgl_spec_native: store_rows layout");
   const int64_t row_dim = src.size(1);
   TORCH_CHECK(row_dim > 0 && cache.numel() % row_dim == 0, "sgl_spec_native: row_dim");
-  const int64_t pool = cache.numel() / row_dim;
-  const float* sp = src.data_ptr<float>();
-  float* cp = cache.data_ptr<float>();
-  for (int64_t t = 0; t < src.size(0); ++t) {
-    const int64_t row = index_at(indices, t);
-    TORCH_CHECK(row >= 0 && row < pool, "sgl_spec_native: KV row out of range");
-    std::copy_n(sp + t * src.stride(0), row_dim, cp + row * row_dim);
-  }
+  at::Tensor rows = cache.view({-1, 1, row_dim});
+  write_rows(rows, src.unsqueeze(1), indices);
 }
 
 // ---- RoPE (neox layout, rotary over the whole head) --------------------------------------
@@ -154,14 +165,9 @@ at::Tensor rope_one(const at::Tensor& x, const int64_t* pos, const float* cache,
   TORCH_CHECK(x.stride(-1) == 1, "sgl_spec_native: rope needs a unit inner stride");
   const int64_t width = x.numel() / std::max<int64_t>(tokens, 1);
   TORCH_CHECK(width % head_size == 0, "sgl_spec_native: rope width");
-  int64_t row_stride;
-  if (x.dim() == 2) {
-    row_stride = x.stride(0);
-  } else {
-    TORCH_CHECK(x.dim() == 3 && x.stride(1) == head_size,
-                "sgl_spec_native: rope needs [tokens, width] or [tokens, heads, head_size]");
-    row_stride = x.stride(0);
-  }
+  TORCH_CHECK(x.dim() == 2 || (x.dim() == 3 && x.stride(1) == head_size),
+              "sgl_spec_native: rope needs [tokens, width] or [tokens, heads, head_size]");
+  const int64_t row_stride = x.stride(0);
   at::Tensor out = at::empty(x.sizes(), x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -207,22 +213,6 @@ std::tuple<at::Tensor, at::Tensor> rope_neox(const at::Tensor& positions, const 
 }
 
 // ---- paged attention (decode and short extends) ----------------------------------------
-
-// Writes rows [bs, Hkv, D] of ``src`` into ``cache`` at pool rows ``loc``.
-void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc) {
-  const int64_t bs = src.size(0), heads = src.size(1), dim = src.size(2);
-  TORCH_CHECK(loc.numel() >= bs && loc.is_contiguous(),
-              "sgl_spec_native: one contiguous KV row index per new token");
-  const float* sp = src.data_ptr<float>();
-  float* cp = cache.data_ptr<float>();
-  for (int64_t b = 0; b < bs; ++b) {
-    const int64_t row = index_at(loc, b);
-    TORCH_CHECK(row >= 0 && row < cache.size(0), "sgl_spec_native: KV row out of range");
-    for (int64_t h = 0; h < heads; ++h)
-      std::copy_n(sp + b * src.stride(0) + h * src.stride(1), dim,
-                  cp + row * cache.stride(0) + h * cache.stride(1));
-  }
-}
 
 enum class Visible { kCausal, kAll, kTree };
 
@@ -585,14 +575,7 @@ void extend_attention(const at::Tensor& q_extend, const std::optional<at::Tensor
 
 }  // namespace
 
-// SGLSPEC_NATIVE_NS: the op namespace (a second build under another name can be loaded beside
-// this one, for A/B timing of kernel variants in one process)
-#ifndef SGLSPEC_NATIVE_NS
-#define SGLSPEC_NATIVE_NS sgl_spec_native
-#endif
-#define SGLSPEC_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
-
-SGLSPEC_LIBRARY(SGLSPEC_NATIVE_NS, m) {
+TORCH_LIBRARY(sgl_spec_native, m) {
   m.def("rmsnorm(Tensor input, Tensor weight, float eps) -> Tensor", &rmsnorm);
   m.def("store_rows(Tensor src, Tensor(a!) cache, Tensor indices) -> ()", &store_rows);
   m.def("fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()",

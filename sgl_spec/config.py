@@ -149,6 +149,14 @@ class SpecConfig:
         " ablation, at serving time).",
         choices=("on", "off"),
     )
+    specblock_drafter_dtype: str = flag(
+        "auto",
+        "--specblock-drafter-dtype",
+        "SPECBLOCK: dtype of the drafter's weights, KV cache and activations (drafts only;"
+        " outputs are the target's either way). 'auto' (default): bfloat16 on a CPU with"
+        " AMX-BF16 serving a float32 target without --specblock-adapt, else the target's.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
     specblock_adapt: bool = flag(
         False,
         "--specblock-adapt",

@@ -33,6 +33,7 @@ import torch
 from sgl_spec.minedraft.draft_model import DraftStateError, SequenceTable
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.workspace import KVWorkspace
 from sgl_spec.verify.packing import context_visibility
 
 EXTEND_CHUNK = 256  # positions per extend forward (bounds its [S*K, C + S*K] mask)
@@ -251,25 +252,21 @@ class SpecBlockChainModel(SequenceTable):
         k = self.block_size
         t = max(max(num_tokens), 1)
         counts = torch.tensor(num_tokens, device=self.device)
-        kv = []
         num_layers = self.drafter.config.num_layers
+        _, n_kv, hd = self._kv_row_shape()
+        workspace = KVWorkspace.empty(
+            num_layers, len(seqs), t * k, n_kv, hd, self.dtype, self.device
+        )
         for layer in range(num_layers):
-            pair = []
-            for which in ("keys", "values"):
-                stores = [getattr(s, which) for s in seqs]
-                ref = next((st[layer] for st in stores if st), None)
-                if ref is None:  # nothing cached anywhere yet
-                    shape = self._kv_row_shape()
-                    ref = torch.zeros(1, *shape, dtype=self.dtype, device=self.device)
-                padded = ref.new_zeros(len(seqs), t, *ref.shape[1:])  # [bs, T, K, n_kv, hd]
-                for b, (store, n) in enumerate(zip(stores, num_tokens, strict=True)):
-                    if n:
+            for which, buffers in (("keys", workspace.keys), ("values", workspace.values)):
+                padded = buffers[layer][:, : t * k].view(len(seqs), t, k, n_kv, hd)
+                padded.zero_()
+                for b, (seq, n) in enumerate(zip(seqs, num_tokens, strict=True)):
+                    store = getattr(seq, which)
+                    if n and store:
                         padded[b, :n] = store[layer][:n]
-                n_kv, hd = padded.shape[3], padded.shape[4]
-                pair.append(padded.permute(0, 3, 1, 2, 4).reshape(len(seqs), n_kv, t * k, hd))
-            kv.append((pair[0], pair[1]))
         visible = context_visibility(counts, t, k, last_slot_only)
-        return PrefixContext(kv, visible)
+        return PrefixContext(workspace, visible)
 
     def _kv_row_shape(self) -> tuple[int, int, int]:
         from sgl_spec.specblock.draft_kv import drafter_kv_shape

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sgl_spec.specblock.drafting import PrefixContext
+from sgl_spec.specblock.workspace import DEFAULT_ROOM, KVWorkspace
 from sgl_spec.verify.packing import context_visibility
 
 
@@ -48,6 +49,7 @@ class DrafterKVPool:
         self.block_size = block_size
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._scratch: torch.Tensor | None = None  # [2 * layers, n] the step's workspace memory
 
     @property
     def num_rows(self) -> int:
@@ -76,20 +78,37 @@ class DrafterKVPool:
         num_tokens: torch.Tensor,  # [bs] real entries of each row
         last_slot_only: bool,
     ) -> PrefixContext:
-        """The drafter context of a batch (``packing.context_visibility`` for the mask)."""
+        """The drafter context of a batch, gathered once into a step's workspace (its K slots
+        per position stay adjacent: one row copy); ``packing.context_visibility`` for the mask.
+
+        The workspace lives in memory the pool keeps between steps (fresh buffers of this size
+        cost page faults every step), so a context is valid until the next ``gather``."""
         bs, t = locs.shape
         k = self.block_size
-        kv = []
-        for key, value in zip(self.keys, self.values, strict=True):
-            pair = []
-            for pool in (key, value):
-                rows = pool[locs.long().reshape(-1)]  # [bs*T, K, n_kv, hd]
-                n_kv, hd = rows.shape[2], rows.shape[3]
-                rows = rows.view(bs, t, k, n_kv, hd).permute(0, 3, 1, 2, 4)
-                pair.append(rows.reshape(bs, n_kv, t * k, hd))
-            kv.append((pair[0], pair[1]))
+        rows, _, n_kv, hd = self.keys[0].shape
+        flat = locs.long().reshape(-1)
+        workspace = self._workspace(bs, t * k)
+        for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
+            for pool, buffer in zip(pools, buffers, strict=True):
+                context = buffer[:, : t * k].view(bs, t, k, n_kv, hd)
+                if bs == 1:  # the batch's only row is contiguous: gather straight into it
+                    torch.index_select(pool, 0, flat, out=context[0])
+                else:
+                    context.copy_(pool[flat].view(bs, t, k, n_kv, hd))
         visible = context_visibility(num_tokens, t, k, last_slot_only)
-        return PrefixContext(kv, visible.to(locs.device))
+        return PrefixContext(workspace, visible.to(locs.device))
+
+    def _workspace(self, batch_size: int, columns: int) -> KVWorkspace:
+        """A workspace of ``columns`` visible columns and the default room behind them, on the
+        pool's scratch memory (grown, never shrunk)."""
+        _, k, n_kv, hd = self.keys[0].shape
+        shape = (batch_size, columns + DEFAULT_ROOM, n_kv, hd)
+        numel = shape[0] * shape[1] * n_kv * hd
+        num_buffers = 2 * len(self.keys)
+        if self._scratch is None or self._scratch.shape[1] < numel:
+            self._scratch = self.keys[0].new_empty(num_buffers, numel)
+        views = [self._scratch[i, :numel].view(shape) for i in range(num_buffers)]
+        return KVWorkspace(views[: len(self.keys)], views[len(self.keys) :], columns)
 
     def with_visibility(
         self, context: PrefixContext, num_tokens: torch.Tensor, last_slot_only: bool

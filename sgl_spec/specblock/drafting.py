@@ -41,6 +41,7 @@ from sgl_spec.specblock.tree import (
     propose_from_logits,
     prune_to_budget,
 )
+from sgl_spec.specblock.workspace import KVWorkspace
 from sgl_spec.verify.tree import DraftTree
 
 
@@ -69,14 +70,32 @@ class DraftSettings:
 
 @dataclass
 class PrefixContext:
-    """Cached drafter keys/values a forward may attend to, padded across the batch."""
+    """Cached drafter keys/values a forward may attend to, padded across the batch: the first
+    ``num_columns`` columns of ``kv`` (a step's forwards write their own blocks behind them)."""
 
-    kv: ContextKV  # per layer: ([bs, n_kv, C, hd], same)
+    kv: KVWorkspace | ContextKV | None  # a per-layer list is moved into a workspace
     visible: torch.Tensor  # [bs, C] bool
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kv, list):
+            self.kv = KVWorkspace.from_context(self.kv) if self.kv else None
 
     @property
     def num_columns(self) -> int:
         return int(self.visible.shape[1])
+
+    def reset(self) -> KVWorkspace | None:
+        """The workspace with only the prefix visible (drops a previous forward's blocks)."""
+        if self.kv is None:
+            if self.num_columns:
+                raise ValueError(f"no keys for a context of {self.num_columns} columns")
+            return None
+        if self.kv.capacity < self.num_columns:
+            raise ValueError(
+                f"context holds {self.kv.capacity} columns, visibility names {self.num_columns}"
+            )
+        self.kv.length = self.num_columns
+        return self.kv
 
 
 @dataclass
@@ -109,7 +128,7 @@ def extend_prefix(
         tokens,
         from_draft=False,
         positions=positions,
-        context_kv=prefix.kv if prefix.num_columns else None,
+        context_kv=prefix.reset(),
         attention_mask=mask,
         heads=False,  # nothing this pass predicts is used
     )
@@ -268,7 +287,17 @@ def _round_proposal(
     rank = None
     if out.rank_logits is not None and settings.use_rank_head:
         rank = out.rank_logits[:, :, :used].flatten(0, 1)
-    return propose_from_logits(out.logits[:, :, :used].flatten(0, 1), drafter.d2t, rank, max_width)
+    logits = out.logits[:, :, :used].flatten(0, 1).float()  # a bfloat16 drafter's too
+    return propose_from_logits(logits, drafter.d2t, rank, max_width)
+
+
+def _keep_round_keys(workspace: KVWorkspace | None, kv: ContextKV) -> KVWorkspace:
+    """Make a tree round's keys (already written behind the visible columns) visible to the
+    later rounds; with no prefix they start the workspace."""
+    if workspace is None:
+        return KVWorkspace.from_context(kv)
+    workspace.length += int(kv[0][0].shape[2])
+    return workspace
 
 
 @torch.no_grad()
@@ -297,7 +326,7 @@ def grow_trees(
     rounds: list[_Round] = []
     counts: list[int] = []
     logits_per_round: list[torch.Tensor] = []
-    context_kv = list(prefix.kv)
+    workspace = prefix.reset()  # each round's keys stay behind the prefix for later rounds
     positions_base = root_positions.to(torch.long).tolist()
     for _ in range(settings.num_blocks):
         starts = [
@@ -313,19 +342,17 @@ def grow_trees(
             ids.to(root_cond.device),
             from_draft=True,
             positions=pos.to(root_cond.device),
-            context_kv=context_kv if mask.shape[-1] > width * k else None,
+            context_kv=workspace,
             attention_mask=mask,
         )
+        workspace = _keep_round_keys(workspace, out.kv)
         proposal = _round_proposal(out, drafter, settings, used, max_width)
         candidates = _expand_round(trees, sources, starts, proposal, width, settings, len(rounds))
         rounds.append(_Round(starts, width, out.kv, out.hidden))
         counts.append(sum(len(s) for s in starts))
         logits_per_round.append(out.logits)
-        context_kv = [
-            (torch.cat([ck, nk], dim=2), torch.cat([cv, nv], dim=2))
-            for (ck, cv), (nk, nv) in zip(context_kv, out.kv, strict=True)
-        ]
         starts = candidates
+    prefix.reset()
     pruned = [prune_to_budget(tree, settings.max_nodes) for tree in trees]
     kept_sources = [
         [tree_sources[i] for i in kept]

@@ -32,6 +32,7 @@ from transformers.models.llama.modeling_llama import (
 from sgl_spec.specblock.config import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, SpecBlockConfig
 from sgl_spec.specblock.mask import ContextKV, block_attention_mask
 from sgl_spec.specblock.rank import RankHead
+from sgl_spec.specblock.workspace import KVWorkspace
 
 
 @dataclass
@@ -45,10 +46,12 @@ class BlockOutput:
 
 
 class _BlockCache:
-    """Minimal stand-in for transformers' ``Cache``: prepends the caller's cached context keys
-    and values to each layer's block keys/values, and records the block's own."""
+    """Minimal stand-in for transformers' ``Cache``: puts the caller's cached context keys and
+    values ahead of each layer's block keys/values, and records the block's own. A
+    :class:`KVWorkspace` context takes the block's keys behind its visible columns (no copy of
+    the context); a per-layer list is concatenated (training, where autograd needs it)."""
 
-    def __init__(self, context: ContextKV | None, num_layers: int) -> None:
+    def __init__(self, context: ContextKV | KVWorkspace | None, num_layers: int) -> None:
         self.context = context
         self.new: list[tuple[torch.Tensor, torch.Tensor]] = [None] * num_layers  # type: ignore[list-item]
 
@@ -56,8 +59,18 @@ class _BlockCache:
         self.new[layer_idx] = (key, value)
         if self.context is None:
             return key, value
+        if isinstance(self.context, KVWorkspace):
+            return self.context.append(layer_idx, key, value)
         ctx_k, ctx_v = self.context[layer_idx]
         return torch.cat([ctx_k, key], dim=2), torch.cat([ctx_v, value], dim=2)
+
+
+def _num_context(context: ContextKV | KVWorkspace | None) -> int:
+    if context is None:
+        return 0
+    if isinstance(context, KVWorkspace):
+        return context.length
+    return int(context[0][0].shape[2])
 
 
 class SpecBlockDrafter(nn.Module):
@@ -140,17 +153,49 @@ class SpecBlockDrafter(nn.Module):
             )
         context = cond if from_draft else self.cond_proj(cond)
         token = self.embed_tokens(input_ids).to(context.dtype)
-        w = self.fuse.weight
-        prefix = F.linear(self.cond_norm(context), w[:, :d]) + F.linear(
-            self.token_norm(token), w[:, d:-d]
+        w_cond, w_token, query = self._fuse_parts(context.dtype)
+        prefix = F.linear(self.cond_norm(context), w_cond) + F.linear(
+            self.token_norm(token), w_token
         )  # [bs, S, d]
-        query = F.linear(self.query_norm(self.position_queries.to(context.dtype)), w[:, -d:])
         prefix = prefix.unsqueeze(2)  # [bs, S, 1, d]
         if not self.config.prefix_broadcast:
             first = torch.zeros(self.config.block_size, 1, dtype=prefix.dtype, device=prefix.device)
             first[0] = 1
             prefix = prefix * first
         return prefix + query
+
+    def _fuse_parts(
+        self, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [d, d], [d, dt], [K, d]
+        """``W_fuse``'s condition and token columns, and the query term ``W_fuse[.., q_k]``.
+
+        Training slices the parameter (autograd needs it). Without autograd the column blocks
+        are kept contiguous (a strided weight costs a copy per GEMM) and the query term, which
+        depends on no input, is computed once; both are rebuilt whenever a weight changes
+        (in-place updates bump the version, ``.to()`` makes new tensors)."""
+        d = self.config.hidden_size
+        w = self.fuse.weight
+        q = self.position_queries
+        if torch.is_grad_enabled():
+            query = F.linear(self.query_norm(q.to(dtype)), w[:, -d:])
+            return w[:, :d], w[:, d:-d], query
+        norm = self.query_norm.weight
+        key = (
+            dtype,
+            w.data_ptr(),
+            w._version,
+            q.data_ptr(),
+            q._version,
+            norm.data_ptr(),
+            norm._version,
+        )
+        cached = getattr(self, "_fuse_cache", None)
+        if cached is None or cached[0] != key:
+            query = F.linear(self.query_norm(q.to(dtype)), w[:, -d:])
+            parts = (w[:, :d].contiguous(), w[:, d:-d].contiguous(), query)
+            cached = (key, parts)
+            self._fuse_cache = cached
+        return cached[1]
 
     def reset_shifts(self) -> None:
         """Start every ``W_shift`` at ``[I, 0]``: position k keeps its own state and takes
@@ -180,7 +225,7 @@ class SpecBlockDrafter(nn.Module):
         *,
         from_draft: bool = False,
         positions: torch.Tensor | None = None,  # [bs, S] position of each start token
-        context_kv: ContextKV | None = None,  # per layer ([bs, n_kv, C, hd], same)
+        context_kv: ContextKV | KVWorkspace | None = None,  # per layer ([bs, n_kv, C, hd], same)
         attention_mask: torch.Tensor | None = None,  # [bs|1, S*K, C + S*K] bool
         heads: bool = True,
     ) -> BlockOutput:
@@ -189,7 +234,8 @@ class SpecBlockDrafter(nn.Module):
         Block slot ``k`` (0-based) of a start at position ``p`` takes rotary position
         ``p + 1 + k``, the position of the token it predicts. ``context_kv`` holds keys/values
         the caller cached (the prefix's block keys, on-path positions of earlier blocks;
-        App. A.2); ``attention_mask`` defaults to :func:`block_attention_mask` with all context
+        App. A.2), either per layer or as a :class:`KVWorkspace` whose visible columns are the
+        context (the block's keys are written behind them); ``attention_mask`` defaults to :func:`block_attention_mask` with all context
         visible. ``heads=False`` skips the lm_head and rank head (``logits`` and
         ``rank_logits`` None): a pass that only fills the context needs states and keys.
         """
@@ -200,7 +246,7 @@ class SpecBlockDrafter(nn.Module):
             positions = torch.arange(num_starts, device=hidden.device).expand(bs, num_starts)
         slot = torch.arange(1, k + 1, device=hidden.device)
         position_ids = (positions[:, :, None] + slot).reshape(bs, num_starts * k)
-        num_context = 0 if context_kv is None else context_kv[0][0].shape[2]
+        num_context = _num_context(context_kv)
         if attention_mask is None:
             attention_mask = block_attention_mask(k, num_starts, num_context, device=hidden.device)
         expected = (num_starts * k, num_context + num_starts * k)
@@ -235,7 +281,7 @@ class SpecBlockDrafter(nn.Module):
         *,
         from_draft: bool = False,
         positions: torch.Tensor | None = None,  # [bs]
-        context_kv: ContextKV | None = None,
+        context_kv: ContextKV | KVWorkspace | None = None,
         attention_mask: torch.Tensor | None = None,  # [bs|1, K, C + K] bool
     ) -> BlockOutput:
         """One block per start (Algorithm 2, line 5): outputs are ``[bs, K, ...]``.

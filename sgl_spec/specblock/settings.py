@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from sgl_spec.config import SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
 from sgl_spec.specblock.adapt.policy import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
@@ -21,6 +23,7 @@ class SpecBlockSettings:
     block_size: int  # K positions used per block (<= the drafter's trained K)
     draft: DraftSettings
     adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
+    drafter_dtype: str = "auto"  # --specblock-drafter-dtype (resolved by ``drafter_dtype``)
 
     @property
     def max_depth(self) -> int:
@@ -112,7 +115,34 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
     adapt = None
     if config.specblock_adapt:
         adapt = AdaptConfig.parse(config.specblock_adapt_options)
-    return SpecBlockSettings(path, k, draft, adapt)
+    return SpecBlockSettings(path, k, draft, adapt, config.specblock_drafter_dtype)
+
+
+def cpu_has_amx_bf16() -> bool:
+    """AMX-BF16 tiles on this CPU (Linux ``/proc/cpuinfo``): where oneDNN's bfloat16 GEMMs
+    beat float32 ones at the drafter's row counts (``benchmarks/RESULTS.md``)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return "amx_bf16" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def drafter_dtype(
+    choice: str, device: torch.device | str, target_dtype: torch.dtype, adapting: bool
+) -> torch.dtype:
+    """The drafter's dtype for ``--specblock-drafter-dtype``: an explicit choice as given;
+    ``auto`` is bfloat16 only on a CPU with AMX-BF16, for a float32 target, when no online
+    adaptation trains the drafter's weights, and the target's dtype everywhere else."""
+    if choice != "auto":
+        return getattr(torch, choice)
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu and target_dtype == torch.float32 and not adapting and cpu_has_amx_bf16():
+        return torch.bfloat16
+    return target_dtype
 
 
 def check_model_dir(drafter_path: str, model_path: str) -> None:

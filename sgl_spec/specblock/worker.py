@@ -33,7 +33,7 @@ from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.settings import check_target_fit, load_settings
+from sgl_spec.specblock.settings import check_target_fit, drafter_dtype, load_settings
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
 from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
@@ -54,13 +54,16 @@ class SpecBlockWorker(TargetWrappingWorker):
         self.settings = settings
         self.draft_settings = settings.draft
         self.block_size = settings.block_size
+        self.drafter_dtype = drafter_dtype(
+            settings.drafter_dtype, self.device, self.model_runner.dtype, settings.adapt is not None
+        )
         self.drafter = self._load_drafter(settings.drafter_path)
         cfg = self.drafter.config
         self.feature_index = self.capture_layer_outputs(cfg.aux_layer_ids, cfg.target_hidden_size)
         self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
         logger.info(
             "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, rank head %s,"
-            " max nodes %d)",
+            " max nodes %d, %s)",
             settings.drafter_path,
             cfg.block_size,
             self.block_size,
@@ -68,6 +71,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             self.draft_settings.bucket_map,
             "on" if self.draft_settings.use_rank_head else "off",
             self.draft_settings.max_nodes,
+            str(self.drafter_dtype).removeprefix("torch."),
         )
         self.stats = SpecBlockStats(settings.max_depth)
         self.adapter = (
@@ -91,7 +95,7 @@ class SpecBlockWorker(TargetWrappingWorker):
                 block_size=block_size,
                 num_kv_heads=heads,
                 head_dim=head_dim,
-                dtype=self.model_runner.dtype,
+                dtype=self.drafter_dtype,
                 device=self.device,
             )
             logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
@@ -103,10 +107,10 @@ class SpecBlockWorker(TargetWrappingWorker):
         except CheckpointError as exc:
             raise ValueError(f"--specblock-drafter-path: {exc}") from exc
         check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
-        return drafter.to(device=self.device, dtype=self.model_runner.dtype).eval()
+        return drafter.to(device=self.device, dtype=self.drafter_dtype).eval()
 
     def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
-        return hidden_states.index_select(-1, self.feature_index).to(self.model_runner.dtype)
+        return hidden_states.index_select(-1, self.feature_index).to(self.drafter_dtype)
 
     # ---- entry point -------------------------------------------------------------------------
 
@@ -160,7 +164,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             return torch.zeros(
                 req_pool_indices.shape[0],
                 self.drafter.config.hidden_size,
-                dtype=self.model_runner.dtype,
+                dtype=self.drafter_dtype,
                 device=self.device,
             )
 
@@ -179,7 +183,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         reqs = req_pool_indices.to(torch.long)
         bs = reqs.shape[0]
         root_cond = torch.zeros(
-            bs, self.drafter.config.hidden_size, dtype=self.model_runner.dtype, device=self.device
+            bs, self.drafter.config.hidden_size, dtype=self.drafter_dtype, device=self.device
         )
         max_new = int(num_new.max()) if bs else 0
         for offset in range(0, max_new, EXTEND_CHUNK):
@@ -308,7 +312,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             drafted = grow_trees(
                 self.drafter,
                 prefix,
-                state.root_cond.to(self.model_runner.dtype),
+                state.root_cond.to(self.drafter_dtype),
                 roots,
                 seq_lens,
                 self.draft_settings,

@@ -17,6 +17,7 @@ from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import DraftSettings, extend_prefix, grow_trees
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
 from sgl_spec.specblock.training.trainer import chain_forward
+from sgl_spec.specblock.workspace import KVWorkspace
 from sgl_spec.verify.packing import (
     FULL_MASK,
     QLEN_ONLY,
@@ -207,15 +208,34 @@ def test_context_visibility_and_pool_round_trip():
     kv = [(torch.randn(2, n_kv, 2 * K, hd), torch.randn(2, n_kv, 2 * K, hd)) for _ in pool.keys]
     pool.write(B([5, 1, 3]), kv, B([0, 1, 3]))  # (req 0, start 0), (0, 1), (1, 1)
     ctx = pool.gather(B([[5, 1], [3, 0]]), B([2, 1]), last_slot_only=False)
-    key0 = ctx.kv[0][0]  # [bs, n_kv, 2*K, hd]
+    key0 = ctx.kv.context(0)[0]  # [bs, n_kv, 2*K, hd]
     torch.testing.assert_close(key0[0], kv[0][0][0])
     torch.testing.assert_close(key0[1, :, :K], kv[0][0][1, :, K:])
     assert ctx.visible.int().tolist() == [[1] * 2 * K, [1] * K + [0] * K]
+    # batch 1 gathers straight into the workspace: the same rows
+    one = pool.gather(B([[3, 5]]), B([2]), last_slot_only=False)
+    torch.testing.assert_close(one.kv.context(1)[1][0, :, K:], kv[1][1][0, :, :K])
     # the tree rounds' context, seen as the extend after the verify sees it: no second gather
     rounds = pool.gather(B([[5, 1], [3, 0]]), B([2, 1]), last_slot_only=True)
     again = pool.with_visibility(rounds, B([2, 1]), last_slot_only=False)
     assert torch.equal(again.visible, ctx.visible)
-    assert all(a is b for a, b in zip(again.kv, rounds.kv, strict=True))
+    assert again.kv is rounds.kv
+
+
+def test_workspace_appends_behind_the_context_and_grows():
+    n_kv, hd = 2, 4
+    kv = [(torch.randn(1, n_kv, 3, hd), torch.randn(1, n_kv, 3, hd)) for _ in range(2)]
+    ws = KVWorkspace.from_context(kv, room=2)
+    new = torch.randn(1, n_kv, 5, hd)  # more than the room: the buffer grows, context kept
+    for layer in range(2):
+        key, value = ws.append(layer, new, new + 1)
+        torch.testing.assert_close(key, torch.cat([kv[layer][0], new], dim=2))
+        torch.testing.assert_close(value, torch.cat([kv[layer][1], new + 1], dim=2))
+    assert ws.length == 3 and ws.capacity >= 8  # a forward's own keys do not move the length
+    ws.length += 5
+    torch.testing.assert_close(ws.context(1)[0], torch.cat([kv[1][0], new], dim=2))
+    with pytest.raises(ValueError, match="batch"):
+        ws.append(0, torch.randn(2, n_kv, 1, hd), torch.randn(2, n_kv, 1, hd))
 
 
 def test_stats_alpha_and_summary():

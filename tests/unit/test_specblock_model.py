@@ -62,6 +62,25 @@ def test_forward_without_heads_keeps_states_and_keys():
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
 
 
+def test_inference_fuse_matches_training_and_follows_weight_updates():
+    """Without autograd the fuse weight's column blocks and the query term are cached; the
+    forward equals the training path's, and an in-place weight update is seen at once."""
+    model = specblock_drafter()
+    cond, ids = inputs()
+    reference = model.draft_block(cond, ids).hidden.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(model.draft_block(cond, ids).hidden, reference)
+        model.fuse.weight.mul_(1.5)
+        model.position_queries.add_(0.1)
+        changed = model.draft_block(cond, ids).hidden
+    torch.testing.assert_close(changed, model.draft_block(cond, ids).hidden.detach())
+    assert not torch.allclose(changed, reference)
+    half = specblock_drafter().to(torch.bfloat16)
+    with torch.no_grad():
+        out = half.draft_block(cond.to(torch.bfloat16), ids)
+    assert out.hidden.dtype == torch.bfloat16 and out.logits.dtype == torch.bfloat16
+
+
 def test_config_defaults_and_validation():
     cfg = specblock_config()
     assert (cfg.block_size, cfg.num_layers, cfg.hidden_size) == (K, 2, D)

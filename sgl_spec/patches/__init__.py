@@ -26,6 +26,7 @@ SGLANG_VERSION = "0.5.23"
 # Every patch module, in the order they are applied.
 PATCHES = (
     "cpu_graph_fakes",
+    "cpu_packed_linear",
     "cpu_spec_sampling",
     "cuda_optional_kernels",
     "prompt_validation",

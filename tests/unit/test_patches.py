@@ -253,3 +253,48 @@ def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:
         patches.apply_patches(SpecConfig())
     monkeypatch.setattr(fake, "enabled", lambda config: False)
     assert patches.apply_patches(SpecConfig()) == []  # a disabled patch is not checked
+
+
+def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypatch) -> None:
+    from sgl_spec.patches import cpu_packed_linear as patch
+
+    if not patch.available():
+        pytest.skip("PyTorch without MKL: the patch stands aside")
+    method = patch._module().UnquantizedLinearMethod()
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(512, 512) * 0.05, requires_grad=False)
+    original_apply = patch._module().UnquantizedLinearMethod.apply
+    patch.pack(layer)
+    assert layer._sgl_spec_packed is not None
+    x = torch.randn(3, 7, 512)
+    bias = torch.randn(512)
+    out = patch.packed_linear(layer, x, bias)
+    assert out.shape == (3, 7, 512)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, bias))
+    # a row's result is the same among 4 rows as among 21 (F.linear switches kernels with rows)
+    rows = x.reshape(-1, 512)
+    fours = torch.cat([patch.packed_linear(layer, rows[i : i + 4], bias) for i in range(0, 20, 4)])
+    assert torch.equal(fours, out.reshape(-1, 512)[:20])
+    assert patch.packed_linear(layer, rows[:3], bias) is None  # few rows: F.linear's path
+    with torch.no_grad():
+        layer.weight.mul_(2.0)  # an in-place update: packed again before the next use
+    torch.testing.assert_close(
+        patch.packed_linear(layer, x, None), torch.nn.functional.linear(x, layer.weight)
+    )
+    assert patch.packed_linear(layer, x.double(), None) is None  # other dtypes: upstream path
+    bf16 = torch.nn.Module()
+    bf16.weight = torch.nn.Parameter(torch.randn(8, 8).bfloat16(), requires_grad=False)
+    patch.pack(bf16)
+    assert not hasattr(bf16, "_sgl_spec_packed")
+    # the wrapped apply answers through the packed weight; unpacked layers keep upstream's
+    wrapped = patch.applying(original_apply)
+    torch.testing.assert_close(
+        wrapped(method, layer, x, bias), out * 0 + patch.packed_linear(layer, x, bias)
+    )
+    plain = torch.nn.Module()
+    plain.weight = torch.nn.Parameter(torch.randn(96, 512), requires_grad=False)
+    torch.testing.assert_close(
+        wrapped(method, plain, x), torch.nn.functional.linear(x, plain.weight)
+    )
+    monkeypatch.setenv(patch.ENV_SWITCH, "0")
+    assert not patch.enabled(SpecConfig())

@@ -153,8 +153,8 @@ class SpecConfig:
         "auto",
         "--specblock-drafter-dtype",
         "SPECBLOCK: dtype of the drafter's weights, KV cache and activations (drafts only;"
-        " outputs are the target's either way). 'auto' (default): bfloat16 on a CPU with"
-        " AMX-BF16 serving a float32 target without --specblock-adapt, else the target's.",
+        " outputs are the target's either way): 'auto' (default) = the target's dtype,"
+        " or float32, bfloat16, float16.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
     specblock_adapt: bool = flag(

@@ -54,9 +54,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         self.settings = settings
         self.draft_settings = settings.draft
         self.block_size = settings.block_size
-        self.drafter_dtype = drafter_dtype(
-            settings.drafter_dtype, self.device, self.model_runner.dtype, settings.adapt is not None
-        )
+        self.drafter_dtype = drafter_dtype(settings.drafter_dtype, self.model_runner.dtype)
         self.drafter = self._load_drafter(settings.drafter_path)
         cfg = self.drafter.config
         self.feature_index = self.capture_layer_outputs(cfg.aux_layer_ids, cfg.target_hidden_size)

@@ -567,3 +567,28 @@ def test_minedraft_metrics_and_one_core_variants(monkeypatch) -> None:
     assert "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ
     with lib.algorithm_env("none"):
         assert "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_step_profile_buckets_stacks_by_their_frames() -> None:
+    import step_profile
+
+    base = "run_scheduler_process (scheduler.py:1);Scheduler.run_batch (scheduler.py:2)"
+    model = "LlamaForCausalLM.forward (llama.py:611);Linear.forward (linear.py:9)"
+    raw = "\n".join(
+        [
+            f"{base};SpecBlockWorker.forward_decode (w.py:1);verify_trees (t.py:1);{model} 6",
+            f"{base};SpecBlockWorker._draft (w.py:2);SpecBlockDrafter.forward (m.py:3) 3",
+            f"{base};SpecBlockWorker._draft (w.py:2);grow_trees (d.py:4) 1",
+            f"{base};Scheduler.process_batch_result (scheduler.py:3) 2",
+            "garbage line without a count",
+        ]
+    )
+    out = step_profile.summarise(raw)
+    assert out["samples"] == 12
+    assert out["shares"] == {
+        "target fwd": 0.5, "draft fwd": 0.25, "draft other": 1 / 12, "around": 2 / 12,
+    }  # fmt: skip
+    assert out["around_top"] == [("Scheduler.process_batch_result (scheduler.py:3)", 2 / 12)]
+    assert "| specblock | 12 | 50.0% | 25.0% | 8.3% | 16.7% |" in step_profile.format_table(
+        {"specblock": out}
+    )

@@ -41,21 +41,16 @@ def test_specblock_rank_head_switch() -> None:
         split_argv(["--specblock-rank-head", "fixed"])
 
 
-def test_specblock_drafter_dtype_rule(monkeypatch) -> None:
-    from sgl_spec.specblock import settings
+def test_specblock_drafter_dtype_rule() -> None:
+    from sgl_spec.specblock.settings import drafter_dtype
 
-    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     assert split_argv([])[0].specblock_drafter_dtype == "auto"
     with pytest.raises(ConfigError, match="--specblock-drafter-dtype"):
         split_argv(["--specblock-drafter-dtype", "int8"])
-    for amx in (True, False):
-        monkeypatch.setattr(settings, "cpu_has_amx_bf16", lambda amx=amx: amx)
-        assert settings.drafter_dtype("auto", "cpu", f32, adapting=False) == (bf16 if amx else f32)
-        assert settings.drafter_dtype("auto", "cpu", f32, adapting=True) == f32  # trains weights
-        assert settings.drafter_dtype("auto", "cpu", f16, adapting=False) == f16
-        assert settings.drafter_dtype("auto", "cuda", f32, adapting=False) == f32
-        assert settings.drafter_dtype("float32", "cpu", bf16, adapting=False) == f32
-        assert settings.drafter_dtype("bfloat16", "cuda", f16, adapting=True) == bf16
+    assert drafter_dtype("auto", torch.float32) == torch.float32
+    assert drafter_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert drafter_dtype("bfloat16", torch.float32) == torch.bfloat16
+    assert drafter_dtype("float32", torch.float16) == torch.float32
 
 
 def test_env_round_trip_and_unknown_keys() -> None:

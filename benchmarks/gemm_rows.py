@@ -8,6 +8,12 @@ oneDNN with a prepacked weight, the ratio T(n)/T(1), the single-thread peak GEMM
 memory read bandwidth: the roofline that bounds T(n)/T(1) from below.
 
     .venv/bin/python benchmarks/gemm_rows.py [--threads 1] [--json out.json]
+
+``--forward`` instead times every linear layer of one forward of the shipped target (8 layers:
+fused q/k/v, o, fused gate/up, down; 104 MB of float32 weights, more than the last-level cache
+holds, as in serving) at 1-16 rows, through ``F.linear`` and through MKL's GEMM on weights
+packed ahead of time (``torch.ops.mkl._mkl_linear``, what the ``cpu_packed_linear`` patch
+serves), alternating the two paths forward by forward.
 """
 
 from __future__ import annotations
@@ -74,11 +80,52 @@ def measure(shape: tuple[int, int]) -> dict:
     return {"shape": list(shape), "weight_mb": weight.numel() * 4 / 1e6, "rows": rows}
 
 
+# one forward of the shipped target: 8 x (fused q/k/v, o, fused gate/up, down)
+FORWARD_SHAPES = ((1536, 512), (512, 512), (2560, 512), (512, 1280)) * 8
+
+
+def forward_set(threads: int, reps: int = 40) -> list[dict]:
+    """Median ms per forward's linears, ``F.linear`` against packed MKL, alternating."""
+    import statistics
+
+    torch.set_num_threads(threads)
+    weights = [torch.randn(o, i) * 0.02 for o, i in FORWARD_SHAPES]
+    packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, 16) for w in weights]
+    rows_out = []
+    for n in ROWS:
+        xs = {i: torch.randn(n, i) for _, i in FORWARD_SHAPES}
+        paths = {
+            "default": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
+            "packed": lambda xs=xs, n=n: [
+                torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, n)
+                for w, p in zip(weights, packed, strict=True)
+            ],
+        }
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for r in range(reps):
+            for name in list(paths)[:: 1 if r % 2 else -1]:
+                tic = time.perf_counter()
+                paths[name]()
+                times[name].append(time.perf_counter() - tic)
+        ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows_out.append({"rows": n, **{f"{k}_ms": v for k, v in ms.items()}})
+        print(f"rows {n:2d}: F.linear {ms['default']:6.2f} ms  packed {ms['packed']:6.2f} ms"
+              f"  packed / F.linear {ms['packed'] / ms['default']:.3f}")  # fmt: skip
+    return rows_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json")
+    parser.add_argument("--forward", action="store_true", help="one target forward's linears")
     args = parser.parse_args()
+    if args.forward:
+        result = {"threads": args.threads, "forward": forward_set(args.threads)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     torch.set_num_threads(args.threads)
     host = {"cpu": platform.processor() or platform.machine(), "threads": args.threads}
     try:

@@ -43,7 +43,7 @@ MODEL_FORWARD = re.compile(r"ForCausalLM\.forward |SpecBlockDrafter\.forward ")
 # frames of each algorithm's drafting (SGLang's draft workers for STANDALONE and NGRAM, ours)
 DRAFT_FRAMES = re.compile(
     r"SpecBlockWorker\._draft |SpecBlockWorker\._drafter_extend|"
-    r"DraftWorker\.draft|\.draft_forward |\._draft_extend|\.forward_draft_extend|"
+    r"DraftWorker\.draft|\.draft_forward |_draft_extend|\.forward_draft_extend|"
     r"NGRAMWorker\._prepare_draft|NgramWorker\._prepare_draft|MtpWorker\._draft"
 )
 BUCKETS = ("target fwd", "draft fwd", "draft other", "around")
@@ -86,7 +86,11 @@ def _request(url: str) -> None:
 
 def _drive(url: str, stop: threading.Event) -> None:
     while not stop.is_set():
-        _request(url)
+        try:
+            _request(url)
+        except requests.RequestException:
+            if not stop.is_set():  # the server went away while sampling
+                raise
 
 
 def _scheduler_pid(launcher_pid: int) -> int:
@@ -144,6 +148,7 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--json", default=None)
     p.add_argument("--log-dir", default=None, help="server logs and raw stacks (default: tmp)")
     p.add_argument("--variant", action="append", default=[], help="as bench_speculative.py")
+    p.add_argument("--from-raw", action="store_true", help="re-read --log-dir's stacks, no run")
     args, extra = p.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     for text in args.variant:
@@ -151,7 +156,10 @@ def main(argv: list[str]) -> dict:
     names = _bench_lib.parse_algorithms(args.algorithms)
     work = Path(args.log_dir or tempfile.mkdtemp(prefix="step_profile_"))
     work.mkdir(parents=True, exist_ok=True)
-    results = {name: profile(name, extra, args.seconds, work) for name in names}
+    if args.from_raw:
+        results = {name: summarise((work / f"{name}.raw").read_text()) for name in names}
+    else:
+        results = {name: profile(name, extra, args.seconds, work) for name in names}
     out = {"command": " ".join(sys.argv), "host": _bench_lib.host_info(), "results": results}
     print(format_table(results))
     if args.json:

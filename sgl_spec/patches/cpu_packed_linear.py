@@ -84,6 +84,8 @@ def packed_linear(
     layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor | None:
     """``x @ W.T + bias`` with the packed weight; ``None`` when this call cannot use it."""
+    if x.numel() < MIN_ROWS * x.shape[-1]:  # first: a single decode pays only this
+        return None
     state: PackedWeight | None = getattr(layer, "_sgl_spec_packed", None)
     weight = layer.weight
     if state is None or x.dtype != torch.float32 or torch.compiler.is_compiling():
@@ -94,8 +96,6 @@ def packed_linear(
         state = PackedWeight(weight)
         layer._sgl_spec_packed = state
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] < MIN_ROWS:
-        return None
     if not rows.is_contiguous():
         rows = rows.contiguous()
     out = torch.ops.mkl._mkl_linear(rows, state.packed, weight, bias, rows.shape[0])

@@ -14,8 +14,12 @@ measures as fast there; from ``MIN_ROWS`` rows on (verify, draft and prefill pas
 decode batches) the packed weight is used. At the widths of real layers (512 and above in
 and out; ``tests/unit/test_patches.py``) a packed call computes each row the same way whatever
 the number of rows, as ``F.linear`` does not. A weight changed in place after loading (a
-weight update) is packed again before its next use. ``SGLSPEC_CPU_PACKED_LINEAR=0`` turns the
-patch off; it also stands aside under ``torch.compile`` and where PyTorch has no MKL.
+weight update) is packed again before its next use. It stands aside under ``torch.compile``
+and where PyTorch has no MKL.
+
+Off unless ``SGLSPEC_CPU_PACKED_LINEAR=1``: with it SPECBLOCK served 1.09x faster at
+concurrency 1, but ``none``, whose single-row decodes it leaves on ``F.linear``, measured
+0.85-0.95x of ``none`` without it in three runs, unexplained (``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ MIN_ROWS = 4  # below this F.linear measured as fast (1-2 rows: packed 1.02x its
 
 
 def enabled(config: SpecConfig) -> bool:
-    return os.environ.get(ENV_SWITCH, "1") != "0"
+    return os.environ.get(ENV_SWITCH, "0") == "1"
 
 
 def available() -> bool:

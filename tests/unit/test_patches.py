@@ -296,5 +296,7 @@ def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypat
     torch.testing.assert_close(
         wrapped(method, plain, x), torch.nn.functional.linear(x, plain.weight)
     )
-    monkeypatch.setenv(patch.ENV_SWITCH, "0")
-    assert not patch.enabled(SpecConfig())
+    monkeypatch.delenv(patch.ENV_SWITCH, raising=False)
+    assert not patch.enabled(SpecConfig())  # opt-in
+    monkeypatch.setenv(patch.ENV_SWITCH, "1")
+    assert patch.enabled(SpecConfig())

@@ -85,7 +85,7 @@ class DrafterKVPool:
         cost page faults every step), so a context is valid until the next ``gather``."""
         bs, t = locs.shape
         k = self.block_size
-        rows, _, n_kv, hd = self.keys[0].shape
+        _, _, n_kv, hd = self.keys[0].shape
         flat = locs.long().reshape(-1)
         workspace = self._workspace(bs, t * k)
         for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
@@ -101,7 +101,7 @@ class DrafterKVPool:
     def _workspace(self, batch_size: int, columns: int) -> KVWorkspace:
         """A workspace of ``columns`` visible columns and the default room behind them, on the
         pool's scratch memory (grown, never shrunk)."""
-        _, k, n_kv, hd = self.keys[0].shape
+        _, _, n_kv, hd = self.keys[0].shape
         shape = (batch_size, columns + DEFAULT_ROOM, n_kv, hd)
         numel = shape[0] * shape[1] * n_kv * hd
         num_buffers = 2 * len(self.keys)

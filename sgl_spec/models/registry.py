@@ -19,15 +19,18 @@ SHIPPED_MODELS: dict[str, Path] = {
     "sgl-spec/tiny-code-draft": WEIGHTS_DIR / "tiny-code-draft",
     # Not a model: the gated-LoRA MTP adapter of tiny-code (sgl_spec/mtp), loaded on top of it.
     "sgl-spec/tiny-code-mtp": WEIGHTS_DIR / "tiny-code-mtp",
-    # SpecBlock drafters of tiny-code (sgl_spec/specblock): K = 4 (the default), and the same
-    # drafter trained with K = 1 (an EAGLE-style autoregressive drafter, for the comparison).
+    # SpecBlock drafters of tiny-code (sgl_spec/specblock), K = 4: one layer of width 256 (the
+    # default: a fifth of the weights of the next, nearly its acceptance), two layers of the
+    # target's width 512 (the paper's design), and the latter trained with K = 1 (an EAGLE-style
+    # autoregressive drafter, for the comparison).
+    "sgl-spec/tiny-code-specblock-narrow": WEIGHTS_DIR / "tiny-code-specblock-narrow",
     "sgl-spec/tiny-code-specblock": WEIGHTS_DIR / "tiny-code-specblock",
     "sgl-spec/tiny-code-specblock-k1": WEIGHTS_DIR / "tiny-code-specblock-k1",
 }
 DEFAULT_TARGET = "sgl-spec/tiny-code"
 DEFAULT_DRAFT = "sgl-spec/tiny-code-draft"
 DEFAULT_MTP_ADAPTER = "sgl-spec/tiny-code-mtp"
-DEFAULT_SPECBLOCK_DRAFTER = "sgl-spec/tiny-code-specblock"
+DEFAULT_SPECBLOCK_DRAFTER = "sgl-spec/tiny-code-specblock-narrow"
 # The file whose presence marks a shipped directory as installed (models: config.json).
 _MARKER_FILE = {DEFAULT_MTP_ADAPTER: "adapter_config.json"}
 

@@ -71,14 +71,25 @@ class SpecBlockConfig:
 
     @classmethod
     def from_target(
-        cls, target: LlamaConfig, *, draft_vocab_size: int, **overrides: Any
+        cls,
+        target: LlamaConfig,
+        *,
+        draft_vocab_size: int,
+        layer_overrides: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> SpecBlockConfig:
-        """Drafter config for ``target``: same hidden size and per-layer architecture (App. A.1)."""
+        """Drafter config for ``target``: by default the target's hidden size and per-layer
+        architecture (App. A.1); ``overrides`` replace config fields (``hidden_size`` for a
+        narrower drafter) and ``layer_overrides`` per-layer keys (``intermediate_size``, heads)."""
         n = target.num_hidden_layers
         # SGLang's EAGLE-3 default captures the inputs of layers (2, n//2, n-3); tiny targets
         # spread the three over the stack instead.
         default_ids = (1, n // 2 - 1, n - 4) if n >= 8 else (0, (n - 1) // 2, n - 1)
         layer = {k: getattr(target, k) for k in _LAYER_KEYS if getattr(target, k, None) is not None}
+        unknown = sorted(set(layer_overrides or {}) - set(_LAYER_KEYS))
+        if unknown:
+            raise ValueError(f"unknown per-layer keys {unknown}")
+        layer.update(layer_overrides or {})
         kwargs: dict[str, Any] = dict(
             hidden_size=target.hidden_size,
             target_hidden_size=target.hidden_size,

@@ -158,7 +158,15 @@ def training_record(
 
 def drafter_overrides(args: argparse.Namespace) -> dict:
     """``SpecBlockConfig`` fields set by the CLI (shape and the architectural ablations)."""
+    widths = {
+        "intermediate_size": args.intermediate_size,
+        "num_attention_heads": args.num_heads,
+        "num_key_value_heads": args.num_heads,
+    }
+    width = {} if args.hidden_size is None else {"hidden_size": args.hidden_size}
     return {
+        **width,
+        "layer_overrides": {k: v for k, v in widths.items() if v is not None},
         "block_size": args.k,
         "num_layers": args.num_layers,
         "rank_hidden_size": args.rank_hidden,
@@ -203,6 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("SpecBlock drafter")
     g.add_argument("--k", type=int, default=4, help="block size K (positions per forward)")
     g.add_argument("--num-layers", type=int, default=2, help="drafter decoder layers L")
+    g.add_argument(
+        "--hidden-size", type=int, default=None, help="drafter width d (default: the target's)"
+    )
+    g.add_argument(
+        "--intermediate-size", type=int, default=None, help="MLP width (default: the target's)"
+    )
+    g.add_argument(
+        "--num-heads",
+        type=int,
+        default=None,
+        help="attention and KV heads of the drafter layers (default: the target's; head_dim stays)",
+    )
     g.add_argument("--draft-vocab", type=int, default=1024, help="reduced draft vocabulary")
     g.add_argument("--rank-hidden", type=int, default=256, help="rank head MLP width")
     g.add_argument("--num-blocks", type=int, default=2, help="blocks per training chain")

@@ -42,7 +42,10 @@ CHAIN = {"speculative_num_steps": 3}
 STANDALONE_CHAIN = {**CHAIN, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}
 ONE_GPU = {"base_gpu_id": 0, "tp_size": 1}
 MTP = {"mtp_lora_path": "sgl-spec/tiny-code-mtp", "mtp_k": "auto"}
-SPECBLOCK = {"specblock_drafter_path": "sgl-spec/tiny-code-specblock", "specblock_max_nodes": 8}
+SPECBLOCK = {
+    "specblock_drafter_path": "sgl-spec/tiny-code-specblock-narrow",
+    "specblock_max_nodes": 8,
+}
 
 CASES = {
     "none_cpu.sh": Case(None, gpu=False),

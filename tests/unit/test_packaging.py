@@ -43,7 +43,7 @@ def test_the_shipped_models_files_are_in_the_wheel() -> None:
     for model in ("tiny-code", "tiny-code-draft"):
         for name in ("config.json", "model.safetensors", "tokenizer.json"):
             assert f"{model}/{name}" in shipped
-    for drafter in ("tiny-code-specblock", "tiny-code-specblock-k1"):
+    for drafter in ("tiny-code-specblock-narrow", "tiny-code-specblock", "tiny-code-specblock-k1"):
         assert {f"{drafter}/config.json", f"{drafter}/model.safetensors"} <= shipped
     # the adapter, and the held-out acceptance its controller prior reads
     for name in ("adapter_config.json", "adapter.safetensors", "metrics.json"):

@@ -92,6 +92,18 @@ state (Algorithm 2), and a rank head predicts per position the bucket of the tar
 (§3.2), which sets the tree's branching."""
 
 
+def _layer_design(dc: dict) -> str:
+    """``L / d`` and whether the layers are the target's design (App. A.1) or narrower."""
+    layer = dc["layer_config"]
+    shape = f"{dc['num_layers']} / {dc['hidden_size']}"
+    if dc["hidden_size"] == dc["target_hidden_size"]:
+        return f"{shape} (the target's layer design, App. A.1)"
+    return (
+        f"{shape} (narrower than the target's {dc['target_hidden_size']}: MLP "
+        f"{layer.get('intermediate_size')}, {layer.get('num_attention_heads')} heads)"
+    )
+
+
 def _drafter(log: dict, size_mb: float) -> str:
     dc, n = log["drafter_config"], log["num_parameters"]
     rank_head = (
@@ -103,7 +115,7 @@ def _drafter(log: dict, size_mb: float) -> str:
         [
             (
                 "decoder layers L / hidden size d",
-                f"{dc['num_layers']} / {dc['hidden_size']} (the target's layer design, App. A.1)",
+                _layer_design(dc),
             ),
             ("block size K", dc["block_size"]),
             (

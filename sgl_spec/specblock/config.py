@@ -86,10 +86,11 @@ class SpecBlockConfig:
         # spread the three over the stack instead.
         default_ids = (1, n // 2 - 1, n - 4) if n >= 8 else (0, (n - 1) // 2, n - 1)
         layer = {k: getattr(target, k) for k in _LAYER_KEYS if getattr(target, k, None) is not None}
-        unknown = sorted(set(layer_overrides or {}) - set(_LAYER_KEYS))
+        layer_overrides = layer_overrides or {}
+        unknown = sorted(set(layer_overrides) - set(_LAYER_KEYS))
         if unknown:
             raise ValueError(f"unknown per-layer keys {unknown}")
-        layer.update(layer_overrides or {})
+        layer.update(layer_overrides)
         kwargs: dict[str, Any] = dict(
             hidden_size=target.hidden_size,
             target_hidden_size=target.hidden_size,

@@ -158,15 +158,15 @@ def training_record(
 
 def drafter_overrides(args: argparse.Namespace) -> dict:
     """``SpecBlockConfig`` fields set by the CLI (shape and the architectural ablations)."""
-    widths = {
+    per_layer = {
         "intermediate_size": args.intermediate_size,
         "num_attention_heads": args.num_heads,
         "num_key_value_heads": args.num_heads,
     }
-    width = {} if args.hidden_size is None else {"hidden_size": args.hidden_size}
+    hidden = {} if args.hidden_size is None else {"hidden_size": args.hidden_size}
     return {
-        **width,
-        "layer_overrides": {k: v for k, v in widths.items() if v is not None},
+        **hidden,
+        "layer_overrides": {k: v for k, v in per_layer.items() if v is not None},
         "block_size": args.k,
         "num_layers": args.num_layers,
         "rank_hidden_size": args.rank_hidden,

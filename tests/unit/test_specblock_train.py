@@ -219,6 +219,18 @@ def _fixed_loss(drafter, tiny) -> float:
     return float(step_loss(drafter, target, train, starts, cuts, cfg, 0).draft)
 
 
+def _assert_same_held_out_chains(a: SpecBlockDrafter, b: SpecBlockDrafter, tiny) -> None:
+    """Both drafters give bit-identical draft and rank logits on the held-out chains."""
+    target, _, held_out, _ = tiny
+    feats = aux_hidden_states(target, held_out, a.config.aux_layer_ids)
+    starts, cuts = torch.arange(PROMPT - 1, 20), torch.full((4, 13, 1), 2)
+    with torch.no_grad():
+        x = chain_forward(a, feats, held_out, starts, cuts)
+        y = chain_forward(b, feats, held_out, starts, cuts)
+    for u, v in zip(x.logits + x.rank_logits, y.logits + y.rank_logits, strict=True):
+        assert torch.equal(u, v)
+
+
 @pytest.fixture(scope="module")
 def trained(tiny):
     drafter = _drafter(tiny)
@@ -250,16 +262,9 @@ def test_save_load_round_trip_of_trained_drafter(trained, tiny, tmp_path):
     from sgl_spec.specblock.train import save_drafter
 
     drafter, _, _, _ = trained
-    target, _, held_out, _ = tiny
-    feats = aux_hidden_states(target, held_out, drafter.config.aux_layer_ids)
-    starts, cuts = torch.arange(PROMPT - 1, 20), torch.full((4, 13, 1), 2)
     save_drafter(drafter, tmp_path / "fp32", torch.float32)
     loaded = SpecBlockDrafter.from_pretrained(tmp_path / "fp32").eval()
-    with torch.no_grad():
-        a = chain_forward(drafter, feats, held_out, starts, cuts)
-        b = chain_forward(loaded, feats, held_out, starts, cuts)
-    for x, y in zip(a.logits + a.rank_logits, b.logits + b.rank_logits, strict=True):
-        assert torch.equal(x, y)
+    _assert_same_held_out_chains(drafter, loaded, tiny)
     save_drafter(drafter, tmp_path / "bf16", torch.bfloat16)
     half = SpecBlockDrafter.from_pretrained(tmp_path / "bf16")
     for name, value in drafter.state_dict().items():
@@ -361,7 +366,7 @@ def test_cli_width_flags_build_a_narrower_drafter(tiny):
 
 
 def test_narrower_drafter_trains_and_round_trips(tiny, tmp_path):
-    target, train, held_out, _ = tiny
+    target, train, _, _ = tiny
     narrow = dict(hidden_size=target.config.hidden_size // 2, num_layers=1)
     drafter = _drafter(tiny, layer_overrides={"intermediate_size": 40}, **narrow)
     before = _fixed_loss(drafter, tiny)
@@ -369,13 +374,7 @@ def test_narrower_drafter_trains_and_round_trips(tiny, tmp_path):
     assert _fixed_loss(drafter, tiny) < 0.8 * before  # seeded: 12.8 -> 9.0
     drafter.save_pretrained(tmp_path)
     loaded = SpecBlockDrafter.from_pretrained(tmp_path).eval()
-    feats = aux_hidden_states(target, held_out, drafter.config.aux_layer_ids)
-    starts, cuts = torch.arange(PROMPT - 1, 20), torch.full((4, 13, 1), 2)
-    with torch.no_grad():
-        a = chain_forward(drafter.eval(), feats, held_out, starts, cuts)
-        b = chain_forward(loaded, feats, held_out, starts, cuts)
-    for x, y in zip(a.logits, b.logits, strict=True):
-        assert torch.equal(x, y)
+    _assert_same_held_out_chains(drafter.eval(), loaded, tiny)
 
 
 # ---- resume --------------------------------------------------------------------------------------

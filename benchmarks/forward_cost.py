@@ -8,8 +8,9 @@ tokens and 1, 4, 16 new tokens per request, it times in one process per model:
 - *bare*: ``transformers``' forward of the new tokens on a ``DynamicCache`` holding the context
   (logits at every new position, as a verify needs); the cache is cropped back after each call;
 - *served*: SGLang's ``ModelRunner.forward`` on the same shapes: a DECODE batch for 1 token
-  (what a plain decode step or a draft step runs), an EXTEND batch with logits at every new
-  position for more (what a verify runs), KV in SGLang's paged pool through the attention
+  (what a plain decode step or a draft step runs), a TARGET_VERIFY batch of a causal chain
+  for more (what a verify runs: logits at every new position, no log-probabilities), KV in
+  SGLang's paged pool through the attention
   backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
 
 Bare and served forwards of each shape alternate in a shuffled order, so drift hits both
@@ -113,6 +114,50 @@ def _decode_batch(runner, batch):
     return fb, locs
 
 
+def _verify_batch(runner, batch, n: int):
+    """A TARGET_VERIFY ForwardBatch of a chain of ``n`` tokens per request on ``batch``'s
+    extend slots: what a verify runs (logits at every new position, causal, no
+    log-probabilities -- an EXTEND batch asking for every position's logits would also
+    compute input log-probabilities, which no verify does)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
+
+    from sgl_spec.mtp.info import MtpForwardInput
+
+    class ChainVerifyInput(MtpForwardInput):
+        @property
+        def tree_topk(self) -> int:
+            return 1  # a chain: the backend's built-in causal mask, no custom mask
+
+    bs = len(batch.reqs)
+    prefix = (batch.seq_lens - n).to(torch.int64)
+    positions = (prefix[:, None] + torch.arange(n)[None, :]).reshape(-1)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        input_ids=batch.input_ids.reshape(-1),
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=prefix,
+        seq_lens_cpu=prefix.cpu() + n,
+        seq_lens_sum=int(prefix.sum()) + n * bs,
+        out_cache_loc=batch.out_cache_loc,
+        positions=positions,
+        spec_algorithm=runner.spec_algorithm,
+        spec_info=ChainVerifyInput(positions=positions, draft_token_num=n),
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        return_hidden_states_before_norm=False,
+    )
+    runner.kv_index_translator.bind_own_plan(fb)
+    # the backend takes a verify's width from the server's speculative settings, which this
+    # non-speculative runner has not set
+    runner.attn_backend.num_draft_tokens = n
+    return fb
+
+
 def _served_forward(runner, reqs, ctx: int, n: int):
     """Time one served forward of ``n`` new tokens per request; frees its KV slots."""
     from gamma_tolerance import build_extend, time_forward
@@ -125,7 +170,7 @@ def _served_forward(runner, reqs, ctx: int, n: int):
         elapsed = time_forward(runner, fb)
         runner.token_to_kv_pool_allocator.free(locs)
         return elapsed
-    elapsed = time_forward(runner, fb)
+    elapsed = time_forward(runner, _verify_batch(runner, batch, n))
     runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
     return elapsed
 

@@ -1,25 +1,26 @@
-"""Patch: float32 linear layers on the CPU run MKL's packed GEMM (weights packed once at load).
+"""Patch: float32 linear layers on the CPU run on weights packed once at load.
 
 Upstream target: ``sglang.srt.layers.quantization.unquant.UnquantizedLinearMethod``
 (SGLang 0.5.23). SGLang's CPU engine packs bfloat16/float16/int8 weights for its AMX kernels
-(``amx_utils.dtype_is_supported``); a float32 weight is left to ``F.linear``, which at the
-4-16 row shapes of verify and draft passes took 1.2-1.7x the time of MKL's GEMM on a weight
-packed ahead of time (``benchmarks/RESULTS.md``, "Packed float32 GEMMs"). After SGLang's own
-``process_weights_after_loading`` this patch packs each remaining float32 CPU weight with
-``torch.ops.mkl._mkl_reorder_linear_weight`` and ``apply`` multiplies with
-``torch.ops.mkl._mkl_linear``, the pair PyTorch's inductor uses for frozen float32 linears.
+(``amx_utils.dtype_is_supported``); a float32 weight is left to ``F.linear``, whose MKL GEMM
+takes 1.4-2.5x the 1-row time at the 4-16 rows of verify and draft passes, although reading
+the weights once bounds those shapes (``benchmarks/RESULTS.md``). After SGLang's own
+``process_weights_after_loading`` this patch packs each remaining float32 CPU weight, and
+``apply`` multiplies with the packed copy, by one of two kernels (``SGLSPEC_CPU_PACKED_LINEAR``):
 
-Calls of fewer than ``MIN_ROWS`` rows (a single decode) keep ``F.linear``, whose GEMV path
-measures as fast there; from ``MIN_ROWS`` rows on (verify, draft and prefill passes, larger
-decode batches) the packed weight is used. At the widths of real layers (512 and above in
-and out; ``tests/unit/test_patches.py``) a packed call computes each row the same way whatever
-the number of rows, as ``F.linear`` does not. A weight changed in place after loading (a
-weight update) is packed again before its next use. It stands aside under ``torch.compile``
-and where PyTorch has no MKL.
+- ``native`` (the default where our native CPU library is built and the CPU has AVX-512):
+  ``sgl_spec_native.packed_linear`` (``cpu_kernels/csrc/ops.cpp``) serves every call of 1 to
+  ``NATIVE_MAX_ROWS`` rows (decodes, verify and draft passes) in about one pass over the
+  weights; more rows (prefill) keep ``F.linear``. Each output is one float32 sum in input
+  order whatever the row count, so a verify row computes exactly what a decode of that row
+  computes in these layers.
+- ``mkl`` (opt-in): MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, what PyTorch's inductor
+  uses for frozen float32 linears) from ``MKL_MIN_ROWS`` rows on; fewer rows keep ``F.linear``.
+  In three runs ``none`` measured 0.85-0.95x of ``none`` without it, unexplained.
 
-Off unless ``SGLSPEC_CPU_PACKED_LINEAR=1``: with it SPECBLOCK served 1.09x faster at
-concurrency 1, but ``none``, whose single-row decodes it leaves on ``F.linear``, measured
-0.85-0.95x of ``none`` without it in three runs, unexplained (``benchmarks/RESULTS.md``).
+``0`` turns the patch off. The packed copy is held beside the weight (the weight stays the
+parameter SGLang and the algorithms read); a weight changed in place after loading (a weight
+update) is packed again before its next use. The patch stands aside under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -36,16 +37,46 @@ from sgl_spec.config import SpecConfig
 
 TARGET = "sglang.srt.layers.quantization.unquant"
 ENV_SWITCH = "SGLSPEC_CPU_PACKED_LINEAR"
-_PACK_ROWS = 16  # row-count hint for the packing; any row count can use the packed weight
-MIN_ROWS = 4  # below this F.linear measured as fast (1-2 rows: packed 1.02x its time)
+KINDS = ("native", "mkl")
+_MKL_PACK_ROWS = 16  # row-count hint for MKL's packing; any row count can use the packed weight
+MKL_MIN_ROWS = 4  # below this F.linear measured as fast as MKL's packed GEMM
+NATIVE_MAX_ROWS = 64  # beyond this (prefill) MKL's GEMM measured as fast or faster
+
+
+def kind() -> str | None:
+    """The kernel ``SGLSPEC_CPU_PACKED_LINEAR`` asks for: ``auto`` (unset) is ``native`` where
+    it is available and the CPU has AVX-512, else none; ``1`` is the older spelling of ``mkl``;
+    ``0`` is none. Raises on any other value."""
+    value = os.environ.get(ENV_SWITCH, "auto").strip().lower()
+    if value in ("0", "off", "false"):
+        return None
+    if value == "1":
+        return "mkl"
+    if value == "auto":
+        return "native" if available("native") and _has_avx512() else None
+    if value not in KINDS:
+        raise ValueError(f"{ENV_SWITCH}={value!r}: expected auto, native, mkl or 0")
+    return value
 
 
 def enabled(config: SpecConfig) -> bool:
-    return os.environ.get(ENV_SWITCH, "0") == "1"
+    return kind() is not None
 
 
-def available() -> bool:
-    """PyTorch was built with MKL and exposes the packed-linear pair."""
+@functools.cache
+def _has_avx512() -> bool:
+    from sgl_spec.cpu_kernels.native import _cpu_flags
+
+    return "avx512f" in _cpu_flags().split()
+
+
+def available(which: str = "mkl") -> bool:
+    """The kernel can run here: the native library is loaded, or PyTorch has MKL's pair."""
+    if which == "native":
+        from sgl_spec.cpu_kernels import native
+
+        ops = native.ops()
+        return ops is not None and hasattr(ops, "packed_linear")
     mkl = getattr(torch.ops, "mkl", None)
     return (
         torch.backends.mkl.is_available()
@@ -56,11 +87,30 @@ def available() -> bool:
 
 
 class PackedWeight:
-    """A layer's weight packed for MKL, remembered with the version it was packed from."""
+    """A layer's weight packed for one kernel, remembered with the version it was packed from."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, which: str) -> None:
         self.key = _weight_key(weight)
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), _PACK_ROWS)
+        self.kind = which
+        if which == "native":
+            from sgl_spec.cpu_kernels import native
+
+            self.packed = native.ops().pack_linear_weight(weight.detach())
+        else:
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), _MKL_PACK_ROWS)
+
+    def takes(self, rows: int) -> bool:
+        """Whether a call of ``rows`` rows goes through this packed weight."""
+        if self.kind == "native":
+            return rows <= NATIVE_MAX_ROWS
+        return rows >= MKL_MIN_ROWS
+
+    def linear(
+        self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.kind == "native":
+            return torch.ops.sgl_spec_native.packed_linear(rows, self.packed, weight.shape[0], bias)
+        return torch.ops.mkl._mkl_linear(rows, self.packed, weight, bias, rows.shape[0])
 
 
 def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
@@ -78,32 +128,33 @@ def packable(layer: torch.nn.Module) -> bool:
     )
 
 
-def pack(layer: torch.nn.Module) -> None:
-    """Pack ``layer.weight`` if it is a float32 CPU weight no SGLang kernel packed."""
-    if packable(layer):
-        layer._sgl_spec_packed = PackedWeight(layer.weight)
+def pack(layer: torch.nn.Module, which: str | None = None) -> None:
+    """Pack ``layer.weight`` for ``which`` kernel (default: :func:`kind`) if it is a float32
+    CPU weight no SGLang kernel packed."""
+    which = which or kind()
+    if which is not None and packable(layer):
+        layer._sgl_spec_packed = PackedWeight(layer.weight, which)
 
 
 def packed_linear(
     layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor | None:
     """``x @ W.T + bias`` with the packed weight; ``None`` when this call cannot use it."""
-    if x.numel() < MIN_ROWS * x.shape[-1]:  # first: a single decode pays only this
-        return None
     state: PackedWeight | None = getattr(layer, "_sgl_spec_packed", None)
+    if state is None or not x.shape[-1] or not state.takes(x.numel() // x.shape[-1]):
+        return None
     weight = layer.weight
-    if state is None or x.dtype != torch.float32 or torch.compiler.is_compiling():
+    if x.dtype != torch.float32 or torch.compiler.is_compiling():
         return None
     if bias is not None and bias.dtype != torch.float32:
         return None
     if state.key != _weight_key(weight):  # changed in place since it was packed
-        state = PackedWeight(weight)
+        state = PackedWeight(weight, state.kind)
         layer._sgl_spec_packed = state
     rows = x.reshape(-1, x.shape[-1])
     if not rows.is_contiguous():
         rows = rows.contiguous()
-    out = torch.ops.mkl._mkl_linear(rows, state.packed, weight, bias, rows.shape[0])
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return state.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def _module() -> ModuleType:
@@ -154,9 +205,11 @@ def applying(original: Callable) -> Callable:
 
 
 def apply() -> bool:
-    """Wrap both methods (subclasses inherit them); idempotent. False where MKL is missing."""
+    """Wrap both methods (subclasses inherit them); idempotent. False where the chosen kernel
+    is missing."""
     check()
-    if not available():
+    which = kind()
+    if which is None or not available(which):
         return False
     cls = _module().UnquantizedLinearMethod
     if not getattr(cls.process_weights_after_loading, "_sgl_spec_packed_linear", False):

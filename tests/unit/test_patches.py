@@ -255,17 +255,18 @@ def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:
     assert patches.apply_patches(SpecConfig()) == []  # a disabled patch is not checked
 
 
-def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypatch) -> None:
+@pytest.mark.parametrize("which", ["native", "mkl"])
+def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(which: str) -> None:
     from sgl_spec.patches import cpu_packed_linear as patch
 
-    if not patch.available():
-        pytest.skip("PyTorch without MKL: the patch stands aside")
+    if not patch.available(which):
+        pytest.skip(f"no {which} kernel on this host: the patch stands aside")
     method = patch._module().UnquantizedLinearMethod()
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(512, 512) * 0.05, requires_grad=False)
     original_apply = patch._module().UnquantizedLinearMethod.apply
-    patch.pack(layer)
-    assert layer._sgl_spec_packed is not None
+    patch.pack(layer, which)
+    assert layer._sgl_spec_packed.kind == which
     x = torch.randn(3, 7, 512)
     bias = torch.randn(512)
     out = patch.packed_linear(layer, x, bias)
@@ -275,7 +276,13 @@ def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypat
     rows = x.reshape(-1, 512)
     fours = torch.cat([patch.packed_linear(layer, rows[i : i + 4], bias) for i in range(0, 20, 4)])
     assert torch.equal(fours, out.reshape(-1, 512)[:20])
-    assert patch.packed_linear(layer, rows[:3], bias) is None  # few rows: F.linear's path
+    if which == "native":  # every row count up to the limit, one row alone included
+        ones = torch.cat([patch.packed_linear(layer, rows[i : i + 1], bias) for i in range(21)])
+        assert torch.equal(ones, out.reshape(-1, 512))
+        many = torch.randn(patch.NATIVE_MAX_ROWS + 1, 512)
+        assert patch.packed_linear(layer, many, None) is None  # prefill-sized: F.linear's path
+    else:
+        assert patch.packed_linear(layer, rows[:3], bias) is None  # few rows: F.linear's path
     with torch.no_grad():
         layer.weight.mul_(2.0)  # an in-place update: packed again before the next use
     torch.testing.assert_close(
@@ -284,7 +291,7 @@ def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypat
     assert patch.packed_linear(layer, x.double(), None) is None  # other dtypes: upstream path
     bf16 = torch.nn.Module()
     bf16.weight = torch.nn.Parameter(torch.randn(8, 8).bfloat16(), requires_grad=False)
-    patch.pack(bf16)
+    patch.pack(bf16, which)
     assert not hasattr(bf16, "_sgl_spec_packed")
     # the wrapped apply answers through the packed weight; unpacked layers keep upstream's
     wrapped = patch.applying(original_apply)
@@ -296,7 +303,43 @@ def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(monkeypat
     torch.testing.assert_close(
         wrapped(method, plain, x), torch.nn.functional.linear(x, plain.weight)
     )
-    monkeypatch.delenv(patch.ENV_SWITCH, raising=False)
-    assert not patch.enabled(SpecConfig())  # opt-in
+
+
+def test_native_packed_linear_odd_shapes_and_bias() -> None:
+    """Output widths that are not a multiple of the kernel's block, every row count of a tile
+    and past it: the same as F.linear to float32 rounding, each row as computed alone."""
+    from sgl_spec.patches import cpu_packed_linear as patch
+
+    if not patch.available("native"):
+        pytest.skip("native CPU kernels not built here")
+    ops = torch.ops.sgl_spec_native
+    weight, bias = torch.randn(1000, 300) * 0.05, torch.randn(1000)
+    packed = ops.pack_linear_weight(weight)
+    x = torch.randn(40, 300)
+    single = torch.cat([ops.packed_linear(x[i : i + 1], packed, 1000, bias) for i in range(40)])
+    for rows in (1, 2, 5, 7, 16, 17, 33, 40):
+        got = ops.packed_linear(x[:rows].contiguous(), packed, 1000, bias)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x[:rows], weight, bias))
+        assert torch.equal(got, single[:rows])
+    with pytest.raises(RuntimeError, match="packed_linear shapes"):
+        ops.packed_linear(x[:, :299].contiguous(), packed, 1000, None)
+
+
+def test_cpu_packed_linear_switch(monkeypatch) -> None:
+    from sgl_spec.patches import cpu_packed_linear as patch
+
+    for value, expected in (("0", None), ("off", None), ("1", "mkl"), ("mkl", "mkl")):
+        monkeypatch.setenv(patch.ENV_SWITCH, value)
+        assert patch.kind() == expected
+        assert patch.enabled(SpecConfig()) is (expected is not None)
+    monkeypatch.setenv(patch.ENV_SWITCH, "native")
+    assert patch.kind() == "native"
+    monkeypatch.setenv(patch.ENV_SWITCH, "fast")
+    with pytest.raises(ValueError, match="expected auto, native, mkl or 0"):
+        patch.kind()
+    monkeypatch.delenv(patch.ENV_SWITCH)
+    # by default: the native kernel where it is built and the CPU has AVX-512, else off
+    expected = "native" if patch.available("native") and patch._has_avx512() else None
+    assert patch.kind() == expected
     monkeypatch.setenv(patch.ENV_SWITCH, "1")
     assert patch.enabled(SpecConfig())

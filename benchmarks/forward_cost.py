@@ -28,6 +28,7 @@ batch size, and the served draft forward as a share of the served target forward
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -114,6 +115,19 @@ def _decode_batch(runner, batch):
     return fb, locs
 
 
+@functools.cache
+def _chain_verify_input() -> type:
+    """The spec_info class of a verify of a plain chain (built once, after SGLang's import)."""
+    from sgl_spec.mtp.info import MtpForwardInput
+
+    class ChainVerifyInput(MtpForwardInput):
+        @property
+        def tree_topk(self) -> int:
+            return 1  # a chain: the backend's built-in causal mask, no custom mask
+
+    return ChainVerifyInput
+
+
 def _verify_batch(runner, batch, n: int):
     """A TARGET_VERIFY ForwardBatch of a chain of ``n`` tokens per request on ``batch``'s
     extend slots: what a verify runs (logits at every new position, causal, no
@@ -125,13 +139,6 @@ def _verify_batch(runner, batch, n: int):
         ForwardBatch,
         ForwardMode,
     )
-
-    from sgl_spec.mtp.info import MtpForwardInput
-
-    class ChainVerifyInput(MtpForwardInput):
-        @property
-        def tree_topk(self) -> int:
-            return 1  # a chain: the backend's built-in causal mask, no custom mask
 
     bs = len(batch.reqs)
     prefix = (batch.seq_lens - n).to(torch.int64)
@@ -147,7 +154,7 @@ def _verify_batch(runner, batch, n: int):
         out_cache_loc=batch.out_cache_loc,
         positions=positions,
         spec_algorithm=runner.spec_algorithm,
-        spec_info=ChainVerifyInput(positions=positions, draft_token_num=n),
+        spec_info=_chain_verify_input()(positions=positions, draft_token_num=n),
         capture_hidden_mode=CaptureHiddenMode.NULL,
         return_hidden_states_before_norm=False,
     )

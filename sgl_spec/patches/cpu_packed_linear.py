@@ -70,8 +70,9 @@ def _has_avx512() -> bool:
     return "avx512f" in _cpu_flags().split()
 
 
-def available(which: str = "mkl") -> bool:
-    """The kernel can run here: the native library is loaded, or PyTorch has MKL's pair."""
+def available(which: str) -> bool:
+    """``which`` kernel can run here: the native library is loaded (``native``), or PyTorch
+    has MKL's packed-linear pair (``mkl``)."""
     if which == "native":
         from sgl_spec.cpu_kernels import native
 

@@ -575,12 +575,12 @@ void extend_attention(const at::Tensor& q_extend, const std::optional<at::Tensor
 
 // ---- small-batch linear layers (packed float32 weights) ---------------------------------
 //
-// y = x Wᵀ (+ bias) for 1-16 rows of x: decode, verify and draft passes. MKL's GEMM spends
+// y = x Wᵀ (+ bias) for the few rows of decode, verify and draft passes. MKL's GEMM spends
 // 1.4-2.5x the 1-row time on 4-16 rows of a model's layers, where reading the weights once
 // should bound the cost. Weights are packed once into panels of kOutBlock output features
-// ([blocks, in, kOutBlock]); a task streams one to four panels from memory once and keeps
-// every row's partial sums in vector registers, so 1-16 rows cost about one pass over the
-// weights. Each output is one float32 sum over the input features in order, with fused
+// ([blocks, in, kOutBlock]); a task streams its panels from memory once and keeps a tile of
+// up to kMaxTileRows rows' partial sums in vector registers, so one tile costs about one pass
+// over the weights; further tiles pass over the same panels while they sit in L2. Each output is one float32 sum over the input features in order, with fused
 // multiply-adds, whatever the row count: a row's result does not depend on the other rows.
 
 constexpr int64_t kOutBlock = 16;

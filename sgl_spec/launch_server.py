@@ -85,19 +85,39 @@ def sgl_kernel_stands_in() -> bool:
     return fallback_active()
 
 
-def apply_cuda_fallback_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
+GRAPH_FLAGS = (
+    "--disable-cuda-graph",
+    "--cuda-graph-backend-decode",
+    "--cuda-graph-backend-prefill",
+    "--disable-decode-cuda-graph",
+    "--disable-prefill-cuda-graph",
+    "--cuda-graph-config",
+)
+
+
+def cuda_graphs_served() -> bool:
+    """Whether ``sgl_kernel.weak_ref_tensor`` (what SGLang's CUDA-graph capture calls) is
+    defined: the compiled library's or sgl-spec's PyTorch one (``cpu_kernels/cuda_ops.py``)."""
+    from sgl_spec.cpu_kernels.registry import op_defined
+
+    return op_defined("weak_ref_tensor")
+
+
+def apply_cuda_fallback_defaults(
+    argv: list[str], environ: dict[str, str], graphs: bool | None = None
+) -> list[str]:
     """Settings for a CUDA host without a loadable ``sgl_kernel`` (docs/gpu.md), each only where
     the user did not choose otherwise: SGLang's torch-native RMSNorm / SiluAndMul / RoPE, the
-    triton attention backend, the PyTorch sampling backend, and no CUDA graphs (their capture
-    calls ``sgl_kernel.weak_ref_tensor``)."""
+    triton attention backend, the PyTorch sampling backend; CUDA graphs stay on where
+    ``weak_ref_tensor`` is served (``graphs``; default: asked of the op registry), else off."""
+    if graphs is None:
+        graphs = cuda_graphs_served()
     added = []
-    for flags in (
-        ("--attention-backend", "triton"),
-        ("--sampling-backend", "pytorch"),
-        ("--disable-cuda-graph",),
-    ):
+    for flags in (("--attention-backend", "triton"), ("--sampling-backend", "pytorch")):
         if not has_flag(argv, flags[0]):
             added += flags
+    if not graphs and not has_flag(argv, *GRAPH_FLAGS):
+        added += ["--disable-cuda-graph"]
     environ.setdefault("SGLANG_FORCE_FUSED_OP_BACKEND", "torch")
     logger.warning(
         "sgl_spec: the compiled sgl_kernel library cannot load on this CUDA host; serving with "

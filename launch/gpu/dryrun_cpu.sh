@@ -7,12 +7,16 @@
 #   4. `WORK/venv/bin/python -m sgl_spec.launch_server` (the shipped models, STANDALONE) on the
 #      CPU serves one greedy request, whose tokens must equal those of ./setup.sh's .venv when
 #      it is there; with --smoke, also launch/gpu/smoke.py on the CPU (tiny models).
-# usage: launch/gpu/dryrun_cpu.sh [--smoke] [WORK]     WORK defaults to .dryrun/ (git-ignored)
+#   With --check instead of 4: launch/gpu/check.sh (install + check.py, tiny models) timed
+#   whole, as the GPU machine runs it; fails past CHECK_LIMIT_S (default 420).
+# usage: launch/gpu/dryrun_cpu.sh [--smoke|--check] [WORK]   WORK defaults to .dryrun/ (ignored)
 #        PY312=/path/to/python3.12 to choose the interpreter
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SMOKE=0
+CHECK=0
 if [ "${1:-}" = "--smoke" ]; then SMOKE=1; shift; fi
+if [ "${1:-}" = "--check" ]; then CHECK=1; shift; fi
 WORK=${1:-$ROOT/.dryrun}
 PY312=${PY312:-python3.12}
 mkdir -p "$WORK"
@@ -27,6 +31,18 @@ if [ ! -x "$WORK/base/bin/python" ]; then
     "$WORK/base/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$IMAGE"
 fi
 "$ROOT/launch/gpu/build_kit.sh" "$WORK/kit"
+if [ "$CHECK" = 1 ]; then
+    rm -rf "$WORK/check" "$WORK/venv-check"
+    start=$(date +%s)
+    status=0
+    OUT="$WORK/check" CHECK_VENV="$WORK/venv-check" PYTHON="$WORK/base/bin/python" \
+        "$ROOT/launch/gpu/check.sh" "$WORK/kit" --device cpu || status=$?
+    wall=$(( $(date +%s) - start ))
+    echo "dryrun: check.sh exited $status after ${wall}s (limit ${CHECK_LIMIT_S:-420}s)"
+    [ "$status" = 0 ] && [ "$wall" -le "${CHECK_LIMIT_S:-420}" ] || exit 1
+    echo "dryrun: passed"
+    exit 0
+fi
 PYTHON="$WORK/base/bin/python" "$ROOT/launch/gpu/install_kit.sh" "$WORK/kit" "$WORK/venv"
 
 port=${PORT:-31990}

@@ -32,6 +32,7 @@ PRESETS = {
     # hidden, layers, heads, kv heads, intermediate
     "tiny": (256, 4, 4, 2, 512),  # CPU dry runs of smoke.sh
     "1b": (2048, 16, 32, 8, 8192),  # Llama-3.2-1B-like body
+    "8b": (4096, 32, 32, 8, 14336),  # Llama-3.1-8B-like body (~14 GB in bf16 at this vocabulary)
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -76,8 +77,7 @@ def build(
         pad_token_id=0,
         rope_theta=10000.0,
     )
-    with torch.device(device):
-        target = LlamaForCausalLM(config).to(dtype).eval()
+    target = _construct(LlamaForCausalLM, config, device, dtype)
     with torch.no_grad():
         target.lm_head.weight.mul_(logit_scale)
     out.mkdir(parents=True, exist_ok=True)
@@ -85,8 +85,7 @@ def build(
     _save(target, paths["target"], tok_dir)
 
     draft_config = LlamaConfig(**{**config.to_dict(), "num_hidden_layers": draft_layers})
-    with torch.device(device):
-        draft = LlamaForCausalLM(draft_config).to(dtype).eval()
+    draft = _construct(LlamaForCausalLM, draft_config, device, dtype)
     state = {k: v for k, v in target.state_dict().items() if _layer_index(k) < draft_layers}
     draft.load_state_dict(state, strict=True)
     _save(draft, paths["draft"], tok_dir)
@@ -104,11 +103,10 @@ def build(
     adapter.reset_parameters(target.get_input_embeddings().weight.float().cpu(), generator)
     save_adapter(paths["mtp"], adapter, mtp_config, {"random": True, "preset": preset})
 
-    target_cpu = target.float().cpu()
     d2t = torch.arange(min(vocab, 2048))
     aux = (1, layers // 2, layers - 2)
-    drafter = build_drafter(
-        target_cpu,
+    drafter = build_drafter(  # takes the target's config and embedding only
+        target,
         d2t,
         seed=seed,
         block_size=4,
@@ -135,6 +133,20 @@ def build(
     }
     (out / "models.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
+
+
+def _construct(cls, config, device: str, dtype):
+    """A model built directly on ``device`` in ``dtype`` (an 8B target built in float32 first
+    would need twice its memory)."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return cls(config).eval()
+    finally:
+        torch.set_default_dtype(default)
 
 
 def _layer_index(key: str) -> int:

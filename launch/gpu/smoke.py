@@ -49,8 +49,11 @@ CHAIN = "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-
 
 
 class Smoke:
-    def __init__(self, out: Path, work: Path, budget_s: float) -> None:
+    def __init__(
+        self, out: Path, work: Path, budget_s: float, report_name: str = "smoke.json"
+    ) -> None:
         self.out, self.work, self.logs = out, work, work / "logs"
+        self.report_name = report_name
         self.out.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.deadline = time.monotonic() + budget_s
@@ -80,7 +83,7 @@ class Smoke:
         self.save()
 
     def save(self) -> None:
-        (self.out / "smoke.json").write_text(json.dumps(self.report, indent=1) + "\n")
+        (self.out / self.report_name).write_text(json.dumps(self.report, indent=1) + "\n")
 
     def pack_logs(self) -> None:
         with tarfile.open(self.out / "logs.tgz", "w:gz") as tar:

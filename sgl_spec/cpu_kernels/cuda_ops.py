@@ -4,11 +4,12 @@ compiled library cannot load (e.g. sglang-kernel 0.4.10, built against torch 2.1
 Registered only in that case (``boot.py``), for every device (``CompositeExplicitAutograd``),
 with the upstream schemas the Python wrappers in ``sgl_kernel.elementwise`` call. With the
 launcher's defaults for such a host (``launch_server.apply_cuda_fallback_defaults``: SGLang's
-torch-native fused ops, the PyTorch sampling backend, the triton attention backend, no CUDA
-graphs) SGLang 0.5.23 reaches none of them for a dense Llama/Qwen3 model; they keep a call that
-does get through correct instead of failing on a missing op. Not provided, because those
-settings avoid them: ``weak_ref_tensor`` (CUDA-graph capture) and ``top_k_renorm_probs`` /
-``top_p_renorm_probs`` (the flashinfer sampling backend).
+torch-native fused ops, the PyTorch sampling backend, the triton attention backend) SGLang
+0.5.23 reaches none of the three layer ops for a dense Llama/Qwen3 model; they keep a call that
+does get through correct instead of failing on a missing op. ``weak_ref_tensor`` is what CUDA
+graph capture needs (SGLang's breakable graphs and piecewise backends hand out non-owning views
+of graph-pool memory). Not provided, because those settings avoid them: ``top_k_renorm_probs``
+/ ``top_p_renorm_probs`` (the flashinfer sampling backend).
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ def silu_and_mul(out: torch.Tensor, input: torch.Tensor) -> None:
     out.copy_(layers.silu_and_mul(input.float()))
 
 
+def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``tensor``'s memory that does not own it (the compiled op's ``from_blob``):
+    same device, dtype, sizes and strides; it keeps nothing alive, so it is valid only while
+    the memory's owner (a CUDA graph's pool, for SGLang) is."""
+    extent = 0
+    if tensor.numel() > 0:
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    storage = torch._C._construct_storage_from_data_pointer(
+        tensor.data_ptr(), tensor.device, extent * tensor.element_size()
+    )
+    out = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return out.set_(storage, 0, tensor.shape, tensor.stride())
+
+
 OPS = [
     OpDef(
         "rmsnorm",
@@ -51,4 +66,5 @@ OPS = [
         fused_add_rmsnorm,
     ),
     OpDef("silu_and_mul", "(Tensor(a!) out, Tensor input) -> ()", silu_and_mul),
+    OpDef("weak_ref_tensor", "(Tensor tensor) -> Tensor", weak_ref_tensor),
 ]

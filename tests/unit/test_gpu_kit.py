@@ -126,15 +126,40 @@ def test_cuda_fallback_defaults_fill_only_what_the_user_left_open() -> None:
     from sgl_spec.launch_server import apply_cuda_fallback_defaults
 
     env: dict[str, str] = {}
-    argv = apply_cuda_fallback_defaults(["--model-path", "m"], env)
+    argv = apply_cuda_fallback_defaults(["--model-path", "m"], env, graphs=False)
     assert argv == ["--model-path", "m", "--attention-backend", "triton",
                     "--sampling-backend", "pytorch", "--disable-cuda-graph"]  # fmt: skip
     assert env == {"SGLANG_FORCE_FUSED_OP_BACKEND": "torch"}
     env = {"SGLANG_FORCE_FUSED_OP_BACKEND": "auto"}
-    argv = apply_cuda_fallback_defaults(["--attention-backend", "fa3"], env)
+    argv = apply_cuda_fallback_defaults(["--attention-backend", "fa3"], env, graphs=False)
     assert argv == ["--attention-backend", "fa3", "--sampling-backend", "pytorch",
                     "--disable-cuda-graph"]  # fmt: skip
     assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "auto"
+    # weak_ref_tensor served: graphs stay on; a user's graph flag is never overridden
+    argv = apply_cuda_fallback_defaults(["--model-path", "m"], {}, graphs=True)
+    assert "--disable-cuda-graph" not in argv
+    user = ["--cuda-graph-backend-decode", "full"]
+    assert "--disable-cuda-graph" not in apply_cuda_fallback_defaults(user, {}, graphs=False)
+
+
+def test_weak_ref_tensor_views_without_owning() -> None:
+    """Same memory, sizes, strides and dtype as its input (a strided view too); writes show
+    through both ways; the view's storage holds no reference to the owner's."""
+    lib = torch.library.Library("sglspec_weakref_test", "DEF")
+    op = next(op for op in cuda_ops.OPS if op.name == "weak_ref_tensor")
+    lib.define(op.name + op.schema)
+    lib.impl(op.name, op.impl, "CompositeExplicitAutograd")
+    owner = torch.randn(5, 8, dtype=torch.bfloat16)
+    x = owner[1:, ::3]
+    ref = torch.ops.sglspec_weakref_test.weak_ref_tensor(x)
+    assert ref.data_ptr() == x.data_ptr() and ref.shape == x.shape
+    assert ref.stride() == x.stride() and ref.dtype == x.dtype
+    assert torch.equal(ref, x)
+    ref.fill_(2.0)
+    assert torch.equal(x, torch.full_like(x, 2.0))
+    assert not ref.untyped_storage()._cdata == owner.untyped_storage()._cdata
+    assert ref.untyped_storage().nbytes() < owner.untyped_storage().nbytes()
+    assert torch.ops.sglspec_weakref_test.weak_ref_tensor(torch.empty(0, 3)).shape == (0, 3)
 
 
 def test_optional_kernel_patch_stands_in_for_missing_packages() -> None:

@@ -11,12 +11,14 @@ skipped when the budget ran out), so a run killed at its limit still returns wha
    on CUDA), and in the background those of the ``bench`` preset (8b on CUDA: hidden 4096, 32
    layers, 32/8 heads, bf16), each with a draft made of the target's first 2 layers.
 3. ``lossless``: servers of every algorithm started side by side, the target greedy-decoding
-   short prompts: token ids equal to ``none``'s, an identical draft (the target itself)
+   short prompts (float32, so that kernel-shape rounding cannot flip a random model's argmax):
+   token ids equal to ``none``'s, an identical draft (the target itself)
    accepting >= 95% of the maximum for STANDALONE and MINEDRAFT, and each server's wall time
    per forward step at concurrency 1. On CUDA ``none`` and STANDALONE run with CUDA graphs and
-   eager (``*_eager``), so the graphs' gain is measured and their outputs checked.
+   eager (``*_eager``), so the graphs' gain is measured and their outputs checked; MINEDRAFT's
+   draft runs on the second GPU, or on the CPU where there is one GPU.
 4. ``bench``: the bench preset's servers side by side (``none`` eager and with graphs,
-   STANDALONE / MINEDRAFT with the identical draft, MTP_LORA k = 2, SPECBLOCK), rounds of
+   STANDALONE / MINEDRAFT (two GPUs only) with the identical draft, MTP_LORA k = 2, SPECBLOCK), rounds of
    concurrency 1 and 16 in ABBA order: throughput ratio to ``none``, accept length, wall time
    per step, greedy equality with ``none``.
 
@@ -71,7 +73,9 @@ def variants(
     """name: (algorithm flags, minimum mean accept length; 0 = none checked). In the bench, a
     server whose CUDA-graph twin failed in the lossless step runs eager in its place."""
     target, draft = models["target"], models["draft"]
-    md_device = ["--speculative-draft-device", "cuda:1" if _gpus() > 1 else "cuda:0"]
+    # MINEDRAFT drafts on a device of its own: the second GPU; on a one-GPU machine the CPU
+    # for the lossless check, and no bench (its point, a draft beside the target, is lost)
+    md_device = ["--speculative-draft-device", "cuda:1" if _gpus() > 1 else "cpu"]
     if not cuda:
         md_device = ["--speculative-draft-device", "cpu:1"]
     minedraft = ["--speculative-algorithm", "MINEDRAFT", "--speculative-num-steps", "3",
@@ -101,10 +105,11 @@ def variants(
     )
     if not bench:
         out["minedraft"] = ([*minedraft, "--speculative-draft-model-path", draft], 0.0)
-    out["minedraft_identical"] = (
-        [*minedraft, "--speculative-draft-model-path", target],
-        MIN_SHARE * 4,
-    )
+    if not (bench and cuda and _gpus() < 2):
+        out["minedraft_identical"] = (
+            [*minedraft, "--speculative-draft-model-path", target],
+            MIN_SHARE * 4,
+        )
     if bench and cuda:
         for name in graphs_failed & set(out):
             flags, least = out.pop(name)
@@ -336,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def lossless() -> dict:
         cases = variants(models, cuda, bench=False)
-        flags = {n: ["--model-path", models["target"], *base, *f] for n, (f, _) in cases.items()}
+        # float32: in bf16 a random model's argmax flips with the kernels' shapes (decode vs
+        # verify), which would hide what this checks, the algorithms' losslessness
+        fp32 = ["--dtype", "float32"] if cuda else []
+        flags = {
+            n: ["--model-path", models["target"], *base, *fp32, *f] for n, (f, _) in cases.items()
+        }
         fleet.update(start_fleet(flags, check.logs, timeout=200 if cuda else 300)[0])
         started = set(fleet)
         report = greedy_check(fleet, {n: m for n, (_, m) in cases.items()}, 48)

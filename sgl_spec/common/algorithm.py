@@ -88,6 +88,13 @@ class SglSpecAlgo(CustomSpecAlgo):
                 "%s: disabling CUDA graphs (%s)", algorithm.name, algorithm.cuda_graph_off_reason
             )
             server_args.disable_cuda_graph = True
+        if not server_args.disable_overlap_schedule:
+            # registered with supports_overlap=False: SGLang refuses to start otherwise (its
+            # CUDA default is the overlap scheduler; the CPU launcher already turns it off)
+            logger.warning(
+                "%s: disabling the overlap scheduler (steps run in order)", algorithm.name
+            )
+            server_args.disable_overlap_schedule = True
 
     def has_draft_kv(self) -> bool:
         return False

@@ -46,7 +46,9 @@ def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     the memory's owner (a CUDA graph's pool, for SGLang) is."""
     extent = 0
     if tensor.numel() > 0:
-        extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+        extent = 1 + sum(
+            (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True)
+        )
     storage = torch._C._construct_storage_from_data_pointer(
         tensor.data_ptr(), tensor.device, extent * tensor.element_size()
     )

@@ -11,6 +11,12 @@ Upstream targets (SGLang 0.5.23):
   renormalisation, which build on flashinfer on CUDA. Where flashinfer is absent they are
   replaced by the PyTorch versions the CPU path uses (``sgl_spec.verify.tree_sampling``: the
   same rejection-sampling law, host-side tree walk).
+- ``sglang.srt.layers.attention.flashmla_backend`` imports the ``flash_mla`` package at module
+  level, and EAGLE's draft CUDA-graph capture (``eagle_worker_v2._capture_cuda_graphs``) imports
+  it only to ask whether the draft's attention backend is a ``FlashMLABackend``. Where
+  ``flash_mla`` is absent that module is replaced by one whose ``FlashMLABackend`` nothing is an
+  instance of, so the answer is "no" (true: no backend of that class can exist without the
+  package) instead of an import error that stops every STANDALONE/EAGLE server with graphs.
 
 Nothing changes where the packages are installed, or on a host without CUDA.
 """
@@ -25,6 +31,7 @@ from sgl_spec.config import SpecConfig
 
 DUAL_GEMM = "sglang.srt.layers.dual_gemm"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+FLASHMLA_BACKEND = "sglang.srt.layers.attention.flashmla_backend"
 TARGET = (DUAL_GEMM, EAGLE_UTILS)
 _SAMPLING_NAMES = (
     "tree_speculative_sampling_target_only",
@@ -56,7 +63,8 @@ def check() -> None:
 
 def missing_packages() -> list[str]:
     """The optional kernel packages this patch stands in for that are not installed."""
-    return [name for name in ("cutlass", "flashinfer") if importlib.util.find_spec(name) is None]
+    names = ("cutlass", "flashinfer", "flash_mla")
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def apply(cuda: bool | None = None, missing: list[str] | None = None) -> bool:
@@ -84,4 +92,29 @@ def apply(cuda: bool | None = None, missing: list[str] | None = None) -> bool:
         eagle = _module(EAGLE_UTILS)
         for name in _SAMPLING_NAMES:
             setattr(eagle, name, getattr(tree_sampling, name))
+    if "flash_mla" in missing:
+        _stand_in_flashmla_backend()
     return True
+
+
+class FlashMLABackendUnavailable:
+    """``FlashMLABackend`` where the ``flash_mla`` package is missing: never instantiated."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise ImportError("the flash_mla package is not installed: no FlashMLA attention backend")
+
+
+def _stand_in_flashmla_backend() -> None:
+    """Put a module holding only ``FlashMLABackendUnavailable`` (as ``FlashMLABackend``) where
+    ``flashmla_backend`` cannot import; any other name asked of it raises ImportError."""
+    import sys
+
+    try:
+        importlib.import_module(FLASHMLA_BACKEND)
+        return
+    except ModuleNotFoundError as exc:
+        if exc.name != "flash_mla":
+            raise
+    module = ModuleType(FLASHMLA_BACKEND, "stand-in: the flash_mla package is not installed")
+    module.FlashMLABackend = FlashMLABackendUnavailable  # type: ignore[attr-defined]
+    sys.modules[FLASHMLA_BACKEND] = module

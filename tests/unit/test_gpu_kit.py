@@ -142,6 +142,27 @@ def test_cuda_fallback_defaults_fill_only_what_the_user_left_open() -> None:
     assert "--disable-cuda-graph" not in apply_cuda_fallback_defaults(user, {}, graphs=False)
 
 
+def test_flashmla_backend_stand_in_where_flash_mla_is_missing() -> None:
+    """In a fresh interpreter: without the flash_mla package the backend module imports as a
+    stand-in whose FlashMLABackend nothing is an instance of and which cannot be built."""
+    code = """
+import json, sys
+sys.modules["flash_mla"] = None  # as if the package were missing: its import raises
+from sgl_spec.patches import cuda_optional_kernels as p
+p.apply(cuda=True, missing=["flash_mla"])
+from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+try:
+    FlashMLABackend()
+    built = True
+except ImportError:
+    built = False
+print(json.dumps({"instance": isinstance(object(), FlashMLABackend), "built": built}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"instance": False, "built": False}
+
+
 def test_weak_ref_tensor_views_without_owning() -> None:
     """Same memory, sizes, strides and dtype as its input (a strided view too); writes show
     through both ways; the view's storage holds no reference to the owner's."""

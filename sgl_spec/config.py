@@ -234,7 +234,7 @@ class SpecConfig:
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"--specblock-adapt-options: {exc}") from None
         if self.speculative_draft_device is not None:
-            from sgl_spec.minedraft.draft_server import parse_device
+            from sgl_spec.minedraft.devices import parse_device
 
             try:
                 parse_device(self.speculative_draft_device)

@@ -69,6 +69,23 @@ class Algorithm(ABC):
         )
 
 
+def disable_cuda_graphs(server_args: Any) -> None:
+    """Turn CUDA graphs off for decode and prefill. SGLang 0.5.23 resolves its graph settings
+    (``cuda_graph_config``) before an algorithm sees the server arguments, so the legacy
+    ``disable_cuda_graph`` alone no longer stops the capture: the resolved config is replaced
+    by a copy with both phases disabled."""
+    import copy
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig
+
+    config = server_args.cuda_graph_config
+    config = copy.deepcopy(config) if isinstance(config, CudaGraphConfig) else CudaGraphConfig()
+    config.decode.backend = Backend.DISABLED
+    config.prefill.backend = Backend.DISABLED
+    server_args.cuda_graph_config = config
+    server_args.disable_cuda_graph = True
+
+
 class SglSpecAlgo(CustomSpecAlgo):
     """SGLang's view of our algorithm: no draft KV pool in SGLang (MTP_LORA drafts with the
     target, SPECBLOCK keeps its drafter's KV in its worker, MINEDRAFT in its draft server)."""
@@ -83,11 +100,11 @@ class SglSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_steps = num_steps
         server_args.speculative_eagle_topk = 1
         server_args.speculative_num_draft_tokens = num_draft_tokens
-        if str(server_args.device).startswith("cuda") and not server_args.disable_cuda_graph:
+        if str(server_args.device).startswith("cuda"):
             logger.warning(
                 "%s: disabling CUDA graphs (%s)", algorithm.name, algorithm.cuda_graph_off_reason
             )
-            server_args.disable_cuda_graph = True
+            disable_cuda_graphs(server_args)
         if not server_args.disable_overlap_schedule:
             # registered with supports_overlap=False: SGLang refuses to start otherwise (its
             # CUDA default is the overlap scheduler; the CPU launcher already turns it off)

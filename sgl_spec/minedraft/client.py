@@ -44,7 +44,7 @@ class DraftServerError(RuntimeError):
 def check_hello(hello: Hello) -> None:
     """Refuse, before spawning anything, a Hello the draft server would refuse after a slow
     start-up: unknown device syntax, tree drafting, a model path that does not exist."""
-    from sgl_spec.minedraft.draft_server import parse_device
+    from sgl_spec.minedraft.devices import parse_device
     from sgl_spec.models.registry import resolve_model_path
 
     try:

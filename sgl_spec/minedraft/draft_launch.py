@@ -55,7 +55,7 @@ def start_draft_link(settings: MineDraftSettings, server_args) -> DraftLink:
 
 def leave_draft_cores(device: str) -> None:
     """``cpu:N``: the draft server takes the last N cores; the target keeps the others."""
-    from sgl_spec.minedraft.draft_server import cpu_core_set, parse_device
+    from sgl_spec.minedraft.devices import cpu_core_set, parse_device
 
     spec = parse_device(device)
     if spec.kind != "cpu" or spec.index is None or not hasattr(os, "sched_setaffinity"):

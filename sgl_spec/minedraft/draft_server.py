@@ -32,9 +32,9 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from sgl_spec.minedraft.channel import MessageChannel, draft_server_addresses
+from sgl_spec.minedraft.devices import DeviceSpec, cpu_core_set, parse_device
 from sgl_spec.minedraft.messages import (
     DraftEntry,
     DraftOutput,
@@ -56,38 +56,6 @@ EXIT_PARENT_DIED = 3
 # Positions a hosted SpecBlock drafter accepts per request (its KV grows with the request; the
 # target's own context length is what really bounds it).
 SPECBLOCK_MAX_CONTEXT = 1 << 20
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """A parsed ``Hello.device``: ``kind`` "cpu" or "cuda"; ``index`` the GPU id, or the number
-    of dedicated cores for "cpu:N" (None: no core set of its own)."""
-
-    kind: str
-    index: int | None
-
-    @property
-    def torch_device(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.index or 0}"
-
-
-def parse_device(device: str) -> DeviceSpec:
-    """``"cpu"``, ``"cpu:N"`` (N >= 1 cores) or ``"cuda:N"``; ValueError names the value."""
-    kind, sep, index = device.strip().partition(":")
-    if kind not in ("cpu", "cuda") or (sep and not index.isdigit()):
-        raise ValueError(f"draft device must be cpu, cpu:N or cuda:N, got {device!r}")
-    number = int(index) if sep else None
-    if kind == "cpu" and number == 0:
-        raise ValueError(f"draft device {device!r}: a core set needs at least one core")
-    return DeviceSpec(kind, number if sep else (0 if kind == "cuda" else None))
-
-
-def cpu_core_set(num_cores: int, available: set[int] | list[int]) -> list[int]:
-    """The cores a ``cpu:N`` draft server takes: the last ``num_cores`` of ``available``."""
-    cores = sorted(available)
-    if num_cores > len(cores):
-        raise ValueError(f"cpu:{num_cores} asks for more cores than the {len(cores)} available")
-    return cores[len(cores) - num_cores :]
 
 
 def apply_device(spec: DeviceSpec) -> str:
@@ -301,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # Before anything imports sgl_kernel (also done by the .pth start-up hook where installed).
     import sgl_spec.cpu_kernels.boot  # noqa: F401
+    from sgl_spec.config import SpecConfig
+    from sgl_spec.patches import apply_patches
+
+    # the patches every SGLang process of ours gets (SGLang's plugin loading never runs in this
+    # process): e.g. on a CUDA host without cutlass no Llama model loads without them
+    apply_patches(SpecConfig.from_env())
 
     addresses = draft_server_addresses(args.instance_id, args.ipc_dir)
     # The scheduler sends first, so it connects (its sends queue until we bind) and we bind.

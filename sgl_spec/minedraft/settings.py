@@ -51,7 +51,7 @@ def default_draft_device(device: str) -> str:
 
 
 def check_device(draft_device: str, target_device: str, base_gpu_id: int) -> None:
-    from sgl_spec.minedraft.draft_server import cpu_core_set, parse_device
+    from sgl_spec.minedraft.devices import cpu_core_set, parse_device
 
     try:
         spec = parse_device(draft_device)

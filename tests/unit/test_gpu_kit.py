@@ -163,6 +163,27 @@ print(json.dumps({"instance": isinstance(object(), FlashMLABackend), "built": bu
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"instance": False, "built": False}
 
 
+def test_algorithms_turn_cuda_graphs_off_in_the_resolved_config() -> None:
+    """SGLang resolves cuda_graph_config before an algorithm sees the arguments: the legacy
+    flag alone left graphs on (seen on an H200); both phases must end up disabled, the
+    caller's config object untouched."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig
+
+    from sgl_spec.common.algorithm import disable_cuda_graphs
+
+    resolved = CudaGraphConfig()
+    args = SimpleNamespace(cuda_graph_config=resolved, disable_cuda_graph=False)
+    disable_cuda_graphs(args)
+    assert args.cuda_graph_config.decode.backend == Backend.DISABLED
+    assert args.cuda_graph_config.prefill.backend == Backend.DISABLED
+    assert args.disable_cuda_graph and resolved.decode.backend == Backend.FULL
+    unset = SimpleNamespace(cuda_graph_config=None, disable_cuda_graph=False)
+    disable_cuda_graphs(unset)
+    assert unset.cuda_graph_config.decode.backend == Backend.DISABLED
+
+
 def test_weak_ref_tensor_views_without_owning() -> None:
     """Same memory, sizes, strides and dtype as its input (a strided view too); writes show
     through both ways; the view's storage holds no reference to the owner's."""

@@ -46,15 +46,15 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "benchmarks")]
 
 from server_process import ServerProcess, pick_port  # noqa: E402
-from smoke import MIN_SHARE, PROMPTS, Smoke, env_report  # noqa: E402
+from smoke import MIN_SHARE, Smoke, env_report, greedy  # noqa: E402
 
 DRAFT_LAYERS = 2
+DRAFT_TOKENS = 4  # per verify: 3 draft steps in a chain
 CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-         "--speculative-num-draft-tokens", str(4)]  # fmt: skip
+         "--speculative-num-draft-tokens", str(DRAFT_TOKENS)]  # fmt: skip
 EAGER = ["--disable-cuda-graph"]
 BENCH_TOKENS = 64
 ACCEPT_TOKENS = 48  # per request (ignore_eos) when an identical draft's acceptance is judged
-DRAFT_TOKENS = 4
 ROUNDS = 2
 
 
@@ -83,7 +83,7 @@ def variants(
     if not cuda:
         md_device = ["--speculative-draft-device", "cpu:1"]
     minedraft = ["--speculative-algorithm", "MINEDRAFT", "--speculative-num-steps", "3",
-                 "--speculative-num-draft-tokens", "4", *md_device]  # fmt: skip
+                 "--speculative-num-draft-tokens", str(DRAFT_TOKENS), *md_device]  # fmt: skip
     standalone = ["--speculative-algorithm", "STANDALONE", *CHAIN]
     out: dict[str, tuple[list[str], float]] = {"none": ([], 0.0)}
     if cuda:
@@ -197,17 +197,11 @@ def greedy_check(servers: dict[str, ServerProcess], tokens: int) -> dict:
     """Each server's greedy ids for ``PROMPTS`` (one batch) against the baseline's."""
 
     def run(item: tuple[str, ServerProcess]) -> tuple[str, dict]:
-        payload = {"text": PROMPTS,
-                   "sampling_params": {"temperature": 0, "max_new_tokens": tokens}}  # fmt: skip
         try:
-            resp = requests.post(item[1].url + "/generate", json=payload, timeout=180)
-            resp.raise_for_status()
+            ids, accept = greedy(item[1], tokens, timeout=180)
         except Exception as exc:
             return item[0], {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-        outs = resp.json()
-        accept = [float(o["meta_info"].get("spec_accept_length") or 0.0) for o in outs]
-        return item[0], {"ids": [o["output_ids"] for o in outs],
-                         "mean_accept": round(sum(accept) / len(accept), 3)}  # fmt: skip
+        return item[0], {"ids": ids, "mean_accept": round(sum(accept) / len(accept), 3)}
 
     with ThreadPoolExecutor(len(servers)) as pool:
         results = dict(pool.map(run, servers.items()))
@@ -369,11 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         # Triton's fp32 dot defaults to TF32 on NVIDIA: decode and verify attention then round
         # differently enough to flip a random model's argmax (seen on an H200)
+        before = os.environ.get("TRITON_F32_DEFAULT")
         os.environ["TRITON_F32_DEFAULT"] = "ieee"
         try:
             fleet.update(start_fleet(flags, check.logs, timeout=200 if cuda else 300)[0])
         finally:
-            os.environ.pop("TRITON_F32_DEFAULT")
+            if before is None:
+                os.environ.pop("TRITON_F32_DEFAULT")
+            else:
+                os.environ["TRITON_F32_DEFAULT"] = before
         started = set(fleet)
         report = greedy_check(fleet, 48)
         for name in cases:

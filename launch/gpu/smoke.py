@@ -154,12 +154,15 @@ def serve(flags: list[str], log: Path, timeout: float = 600.0):
     return server
 
 
-def greedy(server, max_new_tokens: int) -> tuple[list[list[int]], list[float]]:
+def greedy(
+    server, max_new_tokens: int, timeout: float = 900.0
+) -> tuple[list[list[int]], list[float]]:
+    """``PROMPTS`` as one greedy batch: each prompt's token ids and spec accept length."""
     payload = {
         "text": PROMPTS,
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
     }
-    resp = requests.post(server.url + "/generate", json=payload, timeout=900)
+    resp = requests.post(server.url + "/generate", json=payload, timeout=timeout)
     resp.raise_for_status()
     out = resp.json()
     return [o["output_ids"] for o in out], [

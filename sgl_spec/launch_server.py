@@ -50,7 +50,7 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
     float16 (the GPU convention); on a CPU without native half-precision matrix units a
     half-precision GEMM runs in PyTorch's generic kernel, whose cost grows faster with the
-    rows of a verify block than float32's BLAS does (docs/notebook/results-log.md, session 17).
+    rows of a verify block than float32's BLAS does (benchmarks/RESULTS.md).
     The KV pool is sized from the model unless the user sized it (``cpu_memory``)."""
     argv = list(argv)
     if not has_flag(argv, "--device"):

@@ -11,16 +11,14 @@ head-major view without another copy. A batch whose padding would waste most of 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 ACC = torch.float32  # K, V and queries are read in this dtype (as the model's linear layers)
 # Read K/V straight from the pool when a lone request's rows are consecutive
-# (``consecutive_start``, ``pool_view``);
-# SGLSPEC_ATTN_POOL_VIEW=0 always gathers a copy (for A/B measurements).
-POOL_VIEW = os.environ.get("SGLSPEC_ATTN_POOL_VIEW", "1") != "0"
+# (``consecutive_start``, ``pool_view``); False always gathers a copy (the tests compare both).
+POOL_VIEW = True
 # A batch is padded to its longest request (one call, ~20 small ops) unless that scores more
 # than MAX_PAD times the real query-key pairs and over SMALL_PAIRS of them (a ragged prefill
 # batch); then it runs one request at a time, paying those ops per request.

@@ -5,7 +5,7 @@
 * which tokens of each request the server already holds (``DraftEntry.appended_ids`` carries
   only the new ones; a new or re-sent request carries its whole sequence as the prompt);
 * the requests that left since the last submit (``DraftRequest.removed_rids``);
-* fault handling (issue item 6): an exit, a fatal report, a malformed frame, or no reply at
+* fault handling: an exit, a fatal report, a malformed frame, or no reply at
   all for ``timeout_s`` while drafts are awaited (hung) marks the link down. The step goes on
   target-only (the caller gets no drafts), a background thread restarts the server (with a
   growing back-off while starts fail), and once it is back every request is re-sent with its

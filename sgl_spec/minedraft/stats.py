@@ -1,4 +1,4 @@
-"""MINEDRAFT serving metrics (issue item 7), logged by the worker.
+"""MINEDRAFT serving metrics, logged by the worker.
 
 A *phase* is one MineDraft SD step (paper §5.2): the target verifies one batch while the draft
 server drafts the other, up to the sync point. The worker logs ``summary()`` every

@@ -134,13 +134,6 @@ def build_input_ids(
     return torch.cat([anchors, masks], dim=1)
 
 
-def build_positions(
-    seq_lens: torch.Tensor,  # [bs] committed KV length; anchor 0 sits at position seq_len
-    layout: MtpLayout,
-) -> torch.Tensor:  # [bs, W]
-    return seq_lens.long()[:, None] + layout.position_offsets.to(seq_lens.device)[None, :]
-
-
 def _mask_format(mode: MaskFormat | int | str) -> MaskFormat:
     try:
         return MaskFormat[mode] if isinstance(mode, str) else MaskFormat(int(mode))
@@ -174,24 +167,6 @@ def tree_mask(
     out = torch.ones(w * (total + bs * w), dtype=torch.bool, device=vis.device)
     out[idx.reshape(-1)] = vis.expand(bs, w, w).reshape(-1)
     return out
-
-
-def tree_mask_reference(
-    layout: MtpLayout,
-    bs: int,
-    mode: MaskFormat | int | str,
-    seq_lens: Sequence[int] | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-request loop version of :func:`tree_mask` (the definition it is tested against)."""
-    fmt, w, vis = _mask_format(mode), layout.width, layout.visibility
-    parts = []
-    for b in range(bs):
-        if fmt == MaskFormat.QLEN_ONLY:
-            parts.append(vis.reshape(-1))
-        else:
-            prefix = torch.ones(w, int(seq_lens[b]), dtype=torch.bool)
-            parts.append(torch.cat([prefix, vis], dim=1).reshape(-1))
-    return torch.cat(parts)
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ The tree itself and its flattening for the verifier live in ``sgl_spec/verify/tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -147,32 +147,3 @@ def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[in
         pruned.depth.append(tree.depth[old])
         pruned.score.append(tree.score[old])
     return pruned, kept
-
-
-def grow_tree(
-    draft: Callable[[list[Start]], BlockProposal],
-    root_token: int,
-    num_blocks: int,
-    max_nodes: int,
-    bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT,
-    max_starts: int = 8,
-    fixed_width: int = 2,
-    start_buckets: Sequence[int] = DEFAULT_START_BUCKETS,
-) -> DraftTree:
-    """Algorithm 2, lines 2-10: up to ``num_blocks`` (M) batched drafter calls, then the budget.
-
-    ``draft(starts)`` runs one batched drafter forward for the given starts (the first call
-    gets the single root start and uses the target's features). Each round keeps the
-    ``max_starts`` best-scoring candidate starts; growth stops early once the tree holds
-    ``max_nodes`` nodes or no start is left.
-    """
-    tree = DraftTree.rooted_at(root_token)
-    starts = [Start(0)]
-    for _ in range(num_blocks):
-        if not starts or tree.num_nodes >= max_nodes:
-            break
-        proposal = draft(starts)
-        candidates = expand_blocks(tree, starts, proposal, bucket_map, fixed_width, start_buckets)
-        candidates.sort(key=lambda s: (-tree.score[s.node], s.node))
-        starts = candidates[:max_starts]
-    return prune_to_budget(tree, max_nodes)[0]

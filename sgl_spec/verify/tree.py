@@ -88,29 +88,3 @@ def build_verify_input(tree: DraftTree, seq_len: int, flat_offset: int = 0) -> T
         retrieve_next_token=torch.tensor(next_token, dtype=torch.long),
         retrieve_next_sibling=torch.tensor(next_sibling, dtype=torch.long),
     )
-
-
-def greedy_verify_walk(
-    tokens: Sequence[int],  # [n] token of each node
-    parents: Sequence[int],  # [n]
-    target_predict: Sequence[int],  # [n] target argmax after each node
-) -> tuple[list[int], int]:
-    """Reference greedy tree verification: the longest root path whose every draft token equals
-    the target's argmax at its parent. Returns the path's nodes (root first) and the bonus
-    token (the target's argmax at the path's last node); acceptance length = len(path)."""
-    children: list[list[int]] = [[] for _ in tokens]
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            children[parent].append(i)
-
-    def longest(node: int) -> list[int]:
-        best: list[int] = []
-        for child in children[node]:
-            if tokens[child] == target_predict[node]:
-                path = longest(child)
-                if len(path) > len(best):
-                    best = path
-        return [node, *best]
-
-    path = longest(0)
-    return path, int(target_predict[path[-1]])

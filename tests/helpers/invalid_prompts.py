@@ -1,5 +1,5 @@
 """Prompts the model cannot run (empty, ids outside the vocabulary) sent to a running server:
-each gets a 400 naming the reason (``sgl_spec.patches.prompt_validation``, issue #23), and the
+each gets a 400 naming the reason (``sgl_spec.patches.prompt_validation``), and the
 server keeps serving with unchanged greedy output. Before the patch each crashed the scheduler
 and took the server down."""
 

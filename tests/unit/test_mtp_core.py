@@ -27,13 +27,12 @@ from sgl_spec.mtp.layout import (
     IGNORE_INDEX,
     MaskFormat,
     build_input_ids,
-    build_positions,
     mtp_layout,
     training_layout,
     tree_mask,
-    tree_mask_reference,
 )
 from sgl_spec.mtp.training.trainer import hf_attention_mask, mask_logits
+from tests.helpers.references import build_positions, tree_mask_reference
 from tests.helpers.tiny_models import build_corpus
 
 # --- gated LoRA on the shipped target -------------------------------------------------------

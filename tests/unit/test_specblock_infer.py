@@ -25,7 +25,8 @@ from sgl_spec.verify.packing import (
     context_visibility,
     pack_trees,
 )
-from sgl_spec.verify.tree import DraftTree, greedy_verify_walk
+from sgl_spec.verify.tree import DraftTree
+from tests.helpers.references import greedy_verify_walk
 from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 torch.set_num_threads(1)

@@ -14,11 +14,11 @@ from sgl_spec.specblock.tree import (
     Start,
     branch_widths,
     expand_blocks,
-    grow_tree,
     propose_from_logits,
     prune_to_budget,
 )
-from sgl_spec.verify.tree import DraftTree, ancestor_mask, build_verify_input, greedy_verify_walk
+from sgl_spec.verify.tree import DraftTree, ancestor_mask, build_verify_input
+from tests.helpers.references import greedy_verify_walk, grow_tree
 
 K, W = 3, 10
 

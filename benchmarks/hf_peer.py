@@ -5,7 +5,7 @@ Two ``--algorithms`` names start no server and run this module instead:
 * ``hf``: ``model.generate`` on the run's target (``--model-path``, default the shipped
   ``sgl-spec/tiny-code``), greedy (``do_sample=False``), batch 1.
 * ``hf-assisted``: the same with ``assistant_model=`` the run's draft
-  (``--speculative-draft-model-path``, default the shipped ``sgl-spec/tiny-code-draft``):
+  (``--speculative-draft-model-path``, default the shipped ``sgl-spec/tiny-code-draft-narrow``):
   transformers' assisted generation with its default settings (read from the draft's
   generation config and transformers' defaults, recorded under ``peer.assistant``; in 5.19:
   20 draft tokens, ``constant`` schedule, confidence threshold 0.4, which adapts only when

@@ -3,7 +3,7 @@
 # the target every other core of this shell's affinity (restrict both with taskset).
 # usage: launch/minedraft_cpu.sh [TARGET [DRAFT]] [extra sglang / sgl-spec flags...]
 #   TARGET: a model directory, hub id or shipped name (default: the shipped sgl-spec/tiny-code)
-#   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft)
+#   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft-narrow)
 #   NUM_STEPS: drafts per request per step, a chain (default 3)
 # env: HOST (127.0.0.1), PORT (30000), PYTHON (.venv/bin/python); --dry-run or DRY_RUN=1
 #      prints the command instead of running it (launch/_common.sh)

@@ -2,7 +2,7 @@
 # SGLang's STANDALONE speculative decoding (a small draft LM drafts a chain) on a CPU-only host.
 # usage: launch/standalone_cpu.sh [TARGET [DRAFT]] [extra sglang / sgl-spec flags...]
 #   TARGET: a model directory, hub id or shipped name (default: the shipped sgl-spec/tiny-code)
-#   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft)
+#   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft-narrow)
 #   NUM_STEPS: drafts per step (default 3), verified as a chain of NUM_STEPS + 1 tokens
 # env: HOST (127.0.0.1), PORT (30000), PYTHON (.venv/bin/python); --dry-run or DRY_RUN=1
 #      prints the command instead of running it (launch/_common.sh)

@@ -16,6 +16,9 @@ NAMESPACE = "sgl-spec/"
 
 SHIPPED_MODELS: dict[str, Path] = {
     "sgl-spec/tiny-code": WEIGHTS_DIR / "tiny-code",
+    # Draft models of tiny-code, one layer each: half the target's width (the default: a third
+    # of the bytes per decode, the higher acceptance of the two), and the target's width.
+    "sgl-spec/tiny-code-draft-narrow": WEIGHTS_DIR / "tiny-code-draft-narrow",
     "sgl-spec/tiny-code-draft": WEIGHTS_DIR / "tiny-code-draft",
     # Not a model: the gated-LoRA MTP adapter of tiny-code (sgl_spec/mtp), loaded on top of it.
     "sgl-spec/tiny-code-mtp": WEIGHTS_DIR / "tiny-code-mtp",
@@ -28,7 +31,7 @@ SHIPPED_MODELS: dict[str, Path] = {
     "sgl-spec/tiny-code-specblock-k1": WEIGHTS_DIR / "tiny-code-specblock-k1",
 }
 DEFAULT_TARGET = "sgl-spec/tiny-code"
-DEFAULT_DRAFT = "sgl-spec/tiny-code-draft"
+DEFAULT_DRAFT = "sgl-spec/tiny-code-draft-narrow"
 DEFAULT_MTP_ADAPTER = "sgl-spec/tiny-code-mtp"
 DEFAULT_SPECBLOCK_DRAFTER = "sgl-spec/tiny-code-specblock-narrow"
 # The file whose presence marks a shipped directory as installed (models: config.json).

@@ -133,12 +133,22 @@ def _export(model: torch.nn.Module, args: argparse.Namespace, ids: dict) -> None
 
 
 def init_draft_from_target(draft: torch.nn.Module, target: torch.nn.Module) -> None:
-    """Copy embeddings, final norm and the first ``n`` layers of the target into the draft.
+    """Start the draft from the target: at the target's width, its embeddings, final norm and
+    first ``n`` layers (a truncated, early-exit target that distillation only has to adapt);
+    narrower, the target's embeddings projected onto their leading singular directions.
 
-    The draft then starts as a truncated target (an early-exit model) and distillation only
-    has to teach its few layers to do the work of many, instead of learning the vocabulary too.
+    The projection keeps what the tied output matrix can tell apart: with E = U S V^T and a
+    draft embedding E V_d, a draft state V_d^T h scores tokens as E V_d V_d^T h, the target's
+    scores of h's part in the embeddings' strongest directions. The layers start untrained.
     """
-    if draft.config.hidden_size != target.config.hidden_size:
+    width = draft.config.hidden_size
+    if width != target.config.hidden_size:
+        if not (draft.config.tie_word_embeddings and target.config.tie_word_embeddings):
+            raise ValueError("a narrower draft is initialised with tied embeddings only")
+        embed = target.model.embed_tokens.weight.detach().float()
+        _, _, vh = torch.linalg.svd(embed, full_matrices=False)
+        with torch.no_grad():
+            draft.model.embed_tokens.weight.copy_(embed @ vh[:width].T)
         return
     draft.model.embed_tokens.load_state_dict(target.model.embed_tokens.state_dict())
     draft.model.norm.load_state_dict(target.model.norm.state_dict())

@@ -125,7 +125,7 @@ def test_model_defaults_fill_only_what_is_missing() -> None:
     assert flag_value(argv, "--model-path") == resolve_model_path("sgl-spec/tiny-code")
     assert flag_value(argv, "--speculative-algorithm") == "STANDALONE"
     assert flag_value(argv, "--speculative-draft-model-path") == resolve_model_path(
-        "sgl-spec/tiny-code-draft"
+        "sgl-spec/tiny-code-draft-narrow"
     )
     assert flag_value(argv, "--speculative-num-draft-tokens") == "4"
     user = prepare_model_args(
@@ -222,7 +222,7 @@ def test_minedraft_defaults_and_launch_checks() -> None:
 
     argv = prepare_model_args(["--speculative-algorithm", "MINEDRAFT"])
     assert flag_value(argv, "--speculative-draft-model-path") == resolve_model_path(
-        "sgl-spec/tiny-code-draft"
+        "sgl-spec/tiny-code-draft-narrow"
     )
     assert flag_value(argv, "--speculative-num-steps") == "3"
     cpu = [*argv, "--device", "cpu"]

@@ -115,6 +115,22 @@ def test_draft_agrees_with_target_on_code(shipped_models, tok):
     assert agree > 0.4  # shipped pair: 0.58 on this snippet; an untrained draft: 0.01
 
 
+def test_narrow_draft_starts_from_the_targets_projected_embeddings(tok):
+    """A draft narrower than the target starts from the embeddings' leading singular directions:
+    its token-token score matrix is the best rank-w approximation of the target's."""
+    from sgl_spec.models.train import init_draft_from_target
+
+    target = specs.build_model(specs.ModelSpec(32, 1, 2, 64), len(tok), tok.eos_token_id, 0)
+    draft = specs.build_model(specs.ModelSpec(16, 1, 2, 32), len(tok), tok.eos_token_id, 1)
+    init_draft_from_target(draft, target)
+    e_t = target.model.embed_tokens.weight.detach()
+    e_d = draft.model.embed_tokens.weight.detach()
+    u, s, vh = torch.linalg.svd(e_t, full_matrices=False)
+    best = (u[:, :16] * s[:16]) @ (u[:, :16] * s[:16]).T
+    assert torch.allclose(e_d @ e_d.T, best, atol=1e-4)
+    assert draft.lm_head.weight.data_ptr() == draft.model.embed_tokens.weight.data_ptr()
+
+
 # --- tokenizer --------------------------------------------------------------------------------
 
 

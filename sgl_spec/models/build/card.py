@@ -73,17 +73,19 @@ def _resume_note(log: dict) -> str:
     )
 
 
-def _intro(role: str, cfg: dict, log: dict, manifest: dict) -> str:
+def _intro(role: str, cfg: dict, log: dict, manifest: dict, target_width: int) -> str:
     other = (
         "the draft `sgl-spec/tiny-code-draft`"
         if role == "target"
         else "the target `sgl-spec/tiny-code`"
     )
-    how = (
-        "trained from scratch with the next-token loss"
-        if role == "target"
-        else f"initialised from the target's embeddings, final norm and first {cfg['num_hidden_layers']} layer(s), then distilled on the target's logits (forward KL + 0.1 x next-token loss)"
-    )
+    distilled = "then distilled on the target's logits (forward KL + 0.1 x next-token loss)"
+    if role == "target":
+        how = "trained from scratch with the next-token loss"
+    elif cfg["hidden_size"] == target_width:
+        how = f"initialised from the target's embeddings, final norm and first {cfg['num_hidden_layers']} layer(s), {distilled}"
+    else:
+        how = f"initialised from the target's embeddings projected onto their {cfg['hidden_size']} leading singular directions (its layers from scratch), {distilled}"
     return f"""A small Llama-architecture (`LlamaForCausalLM`) code model, {how}, on the Python standard
 library source. It is the embedded default {"target" if role == "target" else "draft model"} of
 sgl-spec, so speculative decoding can be served and tested on machines that cannot download
@@ -188,9 +190,10 @@ def render_card(
     """The markdown of one card; ``pipeline`` is every command that produced the pair, in order."""
     cfg = read_json(model_dir / "config.json")
     log = read_json(model_dir / "training.json")
+    target_width = metrics.get("target_hidden_size", cfg["hidden_size"])
     return render_markdown(
-        "sgl-spec/tiny-code" if role == "target" else "sgl-spec/tiny-code-draft",
-        _intro(role, cfg, log, manifest),
+        f"sgl-spec/{Path(model_dir).name}",
+        _intro(role, cfg, log, manifest, target_width),
         [
             _architecture(metrics[role], cfg, log["train_config"]),
             _training_data(manifest),

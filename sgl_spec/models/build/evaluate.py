@@ -186,6 +186,7 @@ def evaluate_pair(
             target, draft, _prompts(eval_stream, num_prompts, prompt_len), num_new
         ),
         "eval_windows": {"num": int(windows.shape[0]), "seq_len": seq_len},
+        "target_hidden_size": int(target.config.hidden_size),
     }
     timing = {}
     for threads in [int(t) for t in timing_threads.split(",") if t]:

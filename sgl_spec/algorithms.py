@@ -14,12 +14,6 @@ from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import ConfigError, SpecConfig, split_argv
 
-# Algorithms that size their drafts with flags of their own: SGLang's EAGLE-shape flags
-# (--speculative-num-steps / -eagle-topk / -num-draft-tokens) would be silently replaced.
-OWN_DRAFT_SHAPE = {
-    "MTP_LORA": "--mtp-k",
-    "SPECBLOCK": "--specblock-k, --specblock-m and --specblock-max-nodes",
-}
 SHAPE_FLAGS = ("num_steps", "eagle_topk", "num_draft_tokens")
 CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
@@ -37,9 +31,10 @@ def find(name: str | None) -> Algorithm | None:
     return next((a for a in all_algorithms() if a.name == name), None)
 
 
-def register_all() -> None:
+def register_all(config: SpecConfig) -> None:
+    """Register every algorithm with SGLang, bound to this process's ``config``."""
     for algorithm in all_algorithms():
-        algorithm.register()
+        algorithm.register(config)
 
 
 def with_shipped_defaults(config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
@@ -76,12 +71,12 @@ def check_launch(config: SpecConfig, launch: LaunchArgs) -> None:
             if launch.algorithm == "STANDALONE":
                 check_standalone(launch)
             return
-        for name in SHAPE_FLAGS if algorithm.name in OWN_DRAFT_SHAPE else ():
+        for name in SHAPE_FLAGS if algorithm.own_draft_shape else ():
             if getattr(launch, name) is not None:
                 flag = "--speculative-" + name.replace("_", "-")
                 raise ConfigError(
                     f"{flag}: {algorithm.name} sizes its drafts with"
-                    f" {OWN_DRAFT_SHAPE[algorithm.name]}; drop {flag}"
+                    f" {algorithm.own_draft_shape}; drop {flag}"
                 )
         algorithm.check(config, launch)
     except ValueError as exc:

@@ -12,6 +12,7 @@ environment variable (JSON), which ``SpecConfig.from_env`` reads back.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from dataclasses import Field, asdict, dataclass, field, fields
@@ -281,6 +282,8 @@ class SpecConfig:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> SpecConfig:
+        """The config the launcher put in ``SGLSPEC_CONFIG`` (defaults when unset); read it
+        through ``process_config`` in a served process, once."""
         raw = (os.environ if environ is None else environ).get(ENV_VAR)
         if not raw:
             return cls()
@@ -290,6 +293,13 @@ class SpecConfig:
         if unknown:
             raise ConfigError(f"{ENV_VAR} has unknown keys: {sorted(unknown)}")
         return cls(**data)
+
+
+@functools.cache
+def process_config() -> SpecConfig:
+    """This process's config: ``SGLSPEC_CONFIG`` read and validated once (the plugin entry point
+    and the runtime patches share it; workers get settings built from it)."""
+    return SpecConfig.from_env()
 
 
 def _convert(spec: Flag, value: object) -> object:

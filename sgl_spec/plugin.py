@@ -20,8 +20,9 @@ def register() -> None:
         return
     _registered = True
     from sgl_spec.algorithms import register_all
-    from sgl_spec.config import SpecConfig
+    from sgl_spec.config import process_config
     from sgl_spec.patches import apply_patches
 
-    apply_patches(SpecConfig.from_env())
-    register_all()
+    config = process_config()
+    apply_patches(config)
+    register_all(config)

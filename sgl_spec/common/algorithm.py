@@ -9,8 +9,10 @@ verify shape SGLang must size its buffers for; and its worker class. The launche
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
@@ -27,6 +29,10 @@ class Algorithm(ABC):
     name: ClassVar[str]
     # True when the algorithm drafts with --speculative-draft-model-path (a draft LM).
     uses_draft_model: ClassVar[bool] = False
+    # The flags of its own that size its drafts, when it has them: SGLang's EAGLE-shape flags
+    # (--speculative-num-steps / -eagle-topk / -num-draft-tokens) are then refused, since its
+    # verify shape would silently replace them.
+    own_draft_shape: ClassVar[str | None] = None
     # Why the algorithm cannot replay CUDA graphs (logged when it turns them off).
     cuda_graph_off_reason: ClassVar[str]
 
@@ -55,18 +61,46 @@ class Algorithm(ABC):
         path and the widest verify block per request, which SGLang sizes its per-step KV
         reservation and verify buffers from."""
 
+    def extra_kv_bytes_per_token(self, settings: Any, dtype: Any) -> int:
+        """Bytes the worker keeps per target KV location outside SGLang's pools (a drafter's
+        KV, cached target features), which SGLang's KV budget must count; 0 by default."""
+        del settings, dtype
+        return 0
+
     @abstractmethod
     def worker_class(self) -> type:
         """The worker SGLang's scheduler builds around the target worker."""
 
-    def register(self) -> None:
-        """Register with SGLang (called in every process by the plugin entry point)."""
+    def register(self, config: SpecConfig) -> None:
+        """Register with SGLang, bound to this process's ``config`` (called once in every
+        process by the plugin entry point)."""
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        self.bind(config)
         spec_class = type(f"{type(self).__name__}SpecAlgo", (SglSpecAlgo,), {"algorithm": self})
         SpeculativeAlgorithm.register(self.name, supports_overlap=False, spec_class=spec_class)(
-            lambda server_args: self.worker_class()
+            self.bound_worker
         )
+
+    def bind(self, config: SpecConfig) -> None:
+        """Use ``config`` for every setting this process builds (no settings built yet)."""
+        self._config = config
+        self._built: dict[LaunchArgs, Any] = {}
+
+    def process_settings(self, server_args: Any) -> Any:
+        """The settings of the registered config and ``server_args``, built (checked, files
+        read) once per process and launch; SGLang's ``handle_server_args`` and the worker
+        share them."""
+        if not hasattr(self, "_config"):
+            raise RuntimeError(f"{self.name} has no config: sgl_spec.plugin.register() binds it")
+        launch = LaunchArgs.from_server_args(server_args)
+        if launch not in self._built:
+            self._built[launch] = self.check(self._config, launch)
+        return self._built[launch]
+
+    def bound_worker(self, server_args: Any) -> Callable[..., Any]:
+        """What SGLang's scheduler instantiates: the worker class with its settings bound."""
+        return functools.partial(self.worker_class(), settings=self.process_settings(server_args))
 
 
 def disable_cuda_graphs(server_args: Any) -> None:
@@ -95,7 +129,7 @@ class SglSpecAlgo(CustomSpecAlgo):
     def handle_server_args(self, server_args: Any) -> None:
         algorithm = self.algorithm
         require_single_rank(algorithm.name, server_args)
-        settings = algorithm.check(SpecConfig.from_env(), LaunchArgs.from_server_args(server_args))
+        settings = algorithm.process_settings(server_args)
         num_steps, num_draft_tokens = algorithm.verify_shape(settings)
         server_args.speculative_num_steps = num_steps
         server_args.speculative_eagle_topk = 1

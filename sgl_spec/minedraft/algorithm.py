@@ -5,10 +5,12 @@ verifies the other (``minedraft/worker.py``, paper §5).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
-from sgl_spec.minedraft.settings import MineDraftSettings, load_settings
+from sgl_spec.minedraft.settings import MineDraftSettings, feature_bytes_per_token, load_settings
 
 
 class MineDraft(Algorithm):
@@ -41,6 +43,11 @@ class MineDraft(Algorithm):
 
     def verify_shape(self, settings: MineDraftSettings) -> tuple[int, int]:
         return settings.num_steps, settings.width
+
+    def extra_kv_bytes_per_token(self, settings: MineDraftSettings, dtype: Any) -> int:
+        """Hosting a SpecBlock drafter: one row of the target's features per target KV
+        location (``TargetFeatureCache``); a draft model costs the target nothing."""
+        return feature_bytes_per_token(settings, dtype)
 
     def worker_class(self) -> type:
         from sgl_spec.minedraft.worker import MineDraftWorker

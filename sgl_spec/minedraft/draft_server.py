@@ -269,12 +269,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # Before anything imports sgl_kernel (also done by the .pth start-up hook where installed).
     import sgl_spec.cpu_kernels.boot  # noqa: F401
-    from sgl_spec.config import SpecConfig
+    from sgl_spec.config import process_config
     from sgl_spec.patches import apply_patches
 
     # the patches every SGLang process of ours gets (SGLang's plugin loading never runs in this
     # process): e.g. on a CUDA host without cutlass no Llama model loads without them
-    apply_patches(SpecConfig.from_env())
+    apply_patches(process_config())
 
     addresses = draft_server_addresses(args.instance_id, args.ipc_dir)
     # The scheduler sends first, so it connects (its sends queue until we bind) and we bind.

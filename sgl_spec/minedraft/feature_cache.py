@@ -33,7 +33,7 @@ class TargetFeatureCache:
         """``[locations, 3 * d_target]``: the features of the token at each target KV location,
         written when its KV is (prefill, verify). A request's rows are the locations of its
         ``req_to_token`` row, so radix-cache hits and re-sent requests find theirs; SGLang's KV
-        budget counts these bytes (``patches/specblock_kv_budget.py``)."""
+        budget counts these bytes (``patches/worker_kv_budget.py``)."""
         if self._pool is None:
             kv_pool = self.model_runner.token_to_kv_pool
             rows = int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.config import SpecConfig
@@ -153,3 +154,16 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
         overlap=config.minedraft_overlap == "on",
         drafter=config.minedraft_drafter,
     )
+
+
+def feature_bytes_per_token(settings: MineDraftSettings, dtype: Any) -> int:
+    """Bytes per target KV location of the worker's feature cache: the target's (low, mid,
+    top) hidden states the hosted SpecBlock drafter conditions on; 0 for a draft model."""
+    if settings.drafter != "specblock":
+        return 0
+    import torch
+
+    from sgl_spec.specblock.settings import read_drafter_config
+
+    width = read_drafter_config(settings.draft_model_path).target_hidden_size
+    return 3 * width * torch.empty((), dtype=dtype).element_size()

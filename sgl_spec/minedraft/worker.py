@@ -44,17 +44,15 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
-from sgl_spec.config import SpecConfig
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
 from sgl_spec.minedraft.draft_launch import start_draft_link
 from sgl_spec.minedraft.feature_cache import TargetFeatureCache
 from sgl_spec.minedraft.info import MineDraftDraftInput
 from sgl_spec.minedraft.link import DraftJob
 from sgl_spec.minedraft.phases import Phase, can_split, merge_phases, sub_batch
-from sgl_spec.minedraft.settings import load_settings
+from sgl_spec.minedraft.settings import MineDraftSettings
 from sgl_spec.minedraft.stats import MineDraftStats
 from sgl_spec.verify.tree import DraftTree
 
@@ -66,11 +64,11 @@ class MineDraftWorker(TargetWrappingWorker):
 
     name = "MINEDRAFT"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+    def __init__(
+        self, server_args, gpu_id: int, nccl_port: int, target_worker, settings: MineDraftSettings
+    ) -> None:
         super().__init__(server_args, target_worker)
-        self.settings = load_settings(
-            SpecConfig.from_env(), LaunchArgs.from_server_args(server_args)
-        )
+        self.settings = settings
         self.width = self.settings.width
         self.vocab_size = int(self.model_runner.model_config.vocab_size)
         self.manager = BatchManager(self.settings.policy)

@@ -33,6 +33,7 @@ from sgl_spec.common.sampling import needs_logit_processing, process_chain_logit
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.mtp import layout as mtp_layout_mod
 from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
+from sgl_spec.mtp.settings import MtpSettings
 from sgl_spec.mtp.sglang_lora import GatedLoRA, install_gated_lora
 from sgl_spec.verify.chain import ChainResult, accept_greedy, accept_sampling
 
@@ -79,12 +80,10 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     name = "MTP_LORA"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+    def __init__(
+        self, server_args, gpu_id: int, nccl_port: int, target_worker, settings: MtpSettings
+    ) -> None:
         super().__init__(server_args, target_worker)
-        from sgl_spec.config import SpecConfig
-        from sgl_spec.mtp.settings import load_settings
-
-        settings = load_settings(SpecConfig.from_env())
         self.lora: GatedLoRA = install_gated_lora(
             self.model_runner.model,
             settings.adapter_path,

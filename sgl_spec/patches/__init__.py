@@ -32,7 +32,7 @@ PATCHES = (
     "prompt_validation",
     "spec_penalties",
     "spec_row_headroom",
-    "specblock_kv_budget",
+    "worker_kv_budget",
     "standalone_full_context",
 )
 

@@ -8,6 +8,8 @@ budget) and its verify buffers from the tree width (``--specblock-max-nodes``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
@@ -17,6 +19,7 @@ from sgl_spec.specblock.settings import SpecBlockSettings, check_model_dir, load
 class SpecBlock(Algorithm):
     name = "SPECBLOCK"
     cuda_graph_off_reason = "data-dependent trees"
+    own_draft_shape = "--specblock-k, --specblock-m and --specblock-max-nodes"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
         """The shipped drafter and the node budget measured best on the shipped models."""
@@ -37,6 +40,13 @@ class SpecBlock(Algorithm):
 
     def verify_shape(self, settings: SpecBlockSettings) -> tuple[int, int]:
         return settings.verify_depth, settings.draft.max_nodes
+
+    def extra_kv_bytes_per_token(self, settings: SpecBlockSettings, dtype: Any) -> int:
+        """The drafter's KV: one row (K positions x drafter layers) per target KV location."""
+        from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row
+        from sgl_spec.specblock.settings import read_drafter_config
+
+        return drafter_kv_bytes_per_row(read_drafter_config(settings.drafter_path), dtype)
 
     def worker_class(self) -> type:
         from sgl_spec.specblock.worker import SpecBlockWorker

@@ -26,14 +26,13 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
-from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import DraftResult, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
-from sgl_spec.specblock.settings import check_target_fit, drafter_dtype, load_settings
+from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
 from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
@@ -48,9 +47,10 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     name = "SPECBLOCK"
 
-    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker) -> None:
+    def __init__(
+        self, server_args, gpu_id: int, nccl_port: int, target_worker, settings: SpecBlockSettings
+    ) -> None:
         super().__init__(server_args, target_worker)
-        settings = load_settings(SpecConfig.from_env())
         self.settings = settings
         self.draft_settings = settings.draft
         self.block_size = settings.block_size

@@ -260,3 +260,44 @@ def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:
     assert fill_specblock_defaults(mine, argv).specblock_drafter_path == str(tmp_path)
     with pytest.raises(ConfigError, match="--minedraft-drafter specblock: .* no config.json"):
         check_launch_args(mine, argv)
+
+
+def test_settings_are_built_once_per_process_and_handed_to_the_worker(monkeypatch) -> None:
+    """The plugin binds this process's config to each algorithm; SGLang's handle_server_args
+    and the worker factory share one settings object, built by one check."""
+    import functools
+    from types import SimpleNamespace
+
+    from sgl_spec.specblock.algorithm import SpecBlock
+    from tests.helpers.server_args import fake_server_args
+
+    algorithm = SpecBlock()
+    with pytest.raises(RuntimeError, match="no config"):
+        algorithm.process_settings(SimpleNamespace())
+    algorithm.bind(SpecConfig(specblock_drafter_path="sgl-spec/tiny-code-specblock-narrow"))
+    checks = []
+    original = algorithm.check
+    monkeypatch.setattr(algorithm, "check", lambda *a: checks.append(a) or original(*a))
+    server_args = fake_server_args(speculative_algorithm="SPECBLOCK")
+    first = algorithm.process_settings(server_args)
+    worker = algorithm.bound_worker(server_args)
+    assert isinstance(worker, functools.partial) and worker.keywords == {"settings": first}
+    assert worker.func is algorithm.worker_class()
+    assert len(checks) == 1
+    assert first.drafter_path.endswith("tiny-code-specblock-narrow")
+
+
+def test_only_the_config_module_reads_the_config_variable() -> None:
+    """Workers and patches get their settings from the process's config, never from the
+    environment themselves; the launcher writes the variable."""
+    from pathlib import Path
+
+    import sgl_spec
+
+    root = Path(sgl_spec.__file__).parent
+    readers = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if any(name in path.read_text() for name in ("from_env(", ENV_VAR, "ENV_VAR"))
+    ]
+    assert sorted(readers) == ["config.py", "launch_server.py"]  # the launcher writes it

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_spec.config import ENV_VAR, SpecConfig
+from sgl_spec.config import SpecConfig
 from sgl_spec.patches import all_patches
 from sgl_spec.verify import tree_sampling
 
@@ -105,42 +105,67 @@ def test_filter_probs_matches_sglang_rule() -> None:
     torch.testing.assert_close(out, torch.tensor([[0.25, 0.5, 0.0, 0.0]]) / 0.75)
 
 
-def test_specblock_kv_budget_adds_the_drafter_bytes_for_specblock_only(monkeypatch) -> None:
+def test_kv_budget_adds_the_workers_bytes_for_our_algorithms_only(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from sgl_spec.patches import specblock_kv_budget as patch
+    from sgl_spec.patches import worker_kv_budget as patch
 
     class Configurator:
         def __init__(self, kvc) -> None:
             self._cell_size = 1000
 
-    monkeypatch.setattr(patch, "drafter_bytes_per_token", lambda dtype: 250)
-    Configurator.__init__ = patch.counting_drafter(Configurator.__init__)
+    extra = {"SPECBLOCK": 250, "MINEDRAFT": 60}
+    monkeypatch.setattr(
+        patch, "extra_bytes_per_token", lambda algo, args, dtype: extra.get(algo.name, 0)
+    )
+    Configurator.__init__ = patch.counting_worker_rows(Configurator.__init__)
 
     def kvc(name: str, draft: bool = False) -> SimpleNamespace:
         algo = SimpleNamespace(name=name)
-        return SimpleNamespace(is_draft_worker=draft, spec_algorithm=algo, model_config=None)
+        return SimpleNamespace(
+            is_draft_worker=draft, spec_algorithm=algo, model_config=None, server_args=None
+        )
 
     assert Configurator(kvc("SPECBLOCK"))._cell_size == 1250
     assert Configurator(kvc("SPECBLOCK", draft=True))._cell_size == 1000
-    assert Configurator(kvc("STANDALONE"))._cell_size == 1000
-    # MINEDRAFT counts its feature cache only when it hosts the SpecBlock drafter
-    monkeypatch.setattr(patch, "feature_bytes_per_token", lambda dtype: 60)
-    assert Configurator(kvc("MINEDRAFT"))._cell_size == 1000
-    monkeypatch.setenv(ENV_VAR, SpecConfig(minedraft_drafter="specblock").to_env())
     assert Configurator(kvc("MINEDRAFT"))._cell_size == 1060
-    assert Configurator(kvc("MINEDRAFT", draft=True))._cell_size == 1000
+    assert Configurator(kvc("STANDALONE"))._cell_size == 1000
+    # SGLang's own algorithms are not ours: nothing to add, no settings built
+    none = SimpleNamespace(name="NONE")
+    assert patch.extra_bytes_per_token(none, None, torch.float32) == 0
 
 
-def test_minedraft_feature_bytes_follow_the_drafter(monkeypatch, tmp_path) -> None:
-    from sgl_spec.patches import specblock_kv_budget as patch
+def test_each_algorithm_states_its_extra_kv_bytes(monkeypatch, tmp_path) -> None:
+    from types import SimpleNamespace
+
+    import sgl_spec.algorithms
+    from sgl_spec.minedraft.algorithm import MineDraft
+    from sgl_spec.mtp.algorithm import MtpLora
+    from sgl_spec.patches import worker_kv_budget as patch
+    from sgl_spec.specblock.algorithm import SpecBlock
+    from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row
+    from sgl_spec.specblock.settings import read_drafter_config
+    from tests.helpers.server_args import fake_server_args
     from tests.helpers.tiny_models import SPECBLOCK_D, specblock_drafter
 
     specblock_drafter().save_pretrained(tmp_path)
-    config = SpecConfig(minedraft_drafter="specblock", specblock_drafter_path=str(tmp_path))
-    monkeypatch.setenv(ENV_VAR, config.to_env())
-    assert patch.feature_bytes_per_token(torch.bfloat16) == 3 * SPECBLOCK_D * 2
-    assert patch.feature_bytes_per_token(torch.float32) == 3 * SPECBLOCK_D * 4
+    per_row = drafter_kv_bytes_per_row(read_drafter_config(str(tmp_path)), torch.float32)
+    assert per_row > 0
+    drafter = SimpleNamespace(drafter_path=str(tmp_path))
+    assert SpecBlock().extra_kv_bytes_per_token(drafter, torch.float32) == per_row
+    hosted = SimpleNamespace(drafter="specblock", draft_model_path=str(tmp_path))
+    assert MineDraft().extra_kv_bytes_per_token(hosted, torch.bfloat16) == 3 * SPECBLOCK_D * 2
+    assert MineDraft().extra_kv_bytes_per_token(hosted, torch.float32) == 3 * SPECBLOCK_D * 4
+    draft_lm = SimpleNamespace(drafter="model", draft_model_path="unused")
+    assert MineDraft().extra_kv_bytes_per_token(draft_lm, torch.float32) == 0
+    assert MtpLora().extra_kv_bytes_per_token(None, torch.float32) == 0
+    # through the patch: the bound algorithm's settings, built from the process's config
+    algorithm = SpecBlock()
+    algorithm.bind(SpecConfig(specblock_drafter_path=str(tmp_path)))
+    monkeypatch.setattr(sgl_spec.algorithms, "find", lambda name: algorithm)
+    server_args = fake_server_args(speculative_algorithm="SPECBLOCK")
+    name = SimpleNamespace(name="SPECBLOCK")
+    assert patch.extra_bytes_per_token(name, server_args, torch.float32) == per_row
 
 
 def test_check_prompt_rejects_empty_and_out_of_vocabulary_ids() -> None:

@@ -35,6 +35,8 @@ class Algorithm(ABC):
     own_draft_shape: ClassVar[str | None] = None
     # Why the algorithm cannot replay CUDA graphs (logged when it turns them off).
     cuda_graph_off_reason: ClassVar[str]
+    # This process's config, bound by ``register`` (the plugin entry point) or ``bind``.
+    _config: SpecConfig | None = None
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
         """``config`` with this algorithm's defaults for the shipped models, where unset."""
@@ -91,7 +93,7 @@ class Algorithm(ABC):
         """The settings of the registered config and ``server_args``, built (checked, files
         read) once per process and launch; SGLang's ``handle_server_args`` and the worker
         share them."""
-        if not hasattr(self, "_config"):
+        if self._config is None:
             raise RuntimeError(f"{self.name} has no config: sgl_spec.plugin.register() binds it")
         launch = LaunchArgs.from_server_args(server_args)
         if launch not in self._built:

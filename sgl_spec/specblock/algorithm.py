@@ -44,9 +44,8 @@ class SpecBlock(Algorithm):
     def extra_kv_bytes_per_token(self, settings: SpecBlockSettings, dtype: Any) -> int:
         """The drafter's KV: one row (K positions x drafter layers) per target KV location."""
         from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row
-        from sgl_spec.specblock.settings import read_drafter_config
 
-        return drafter_kv_bytes_per_row(read_drafter_config(settings.drafter_path), dtype)
+        return drafter_kv_bytes_per_row(settings.drafter_config, dtype)
 
     def worker_class(self) -> type:
         from sgl_spec.specblock.worker import SpecBlockWorker

@@ -20,6 +20,7 @@ from sgl_spec.specblock.drafting import DraftSettings
 @dataclass(frozen=True)
 class SpecBlockSettings:
     drafter_path: str
+    drafter_config: Any  # sgl_spec.specblock.config.DrafterConfig, read once with the settings
     block_size: int  # K positions used per block (<= the drafter's trained K)
     draft: DraftSettings
     adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
@@ -115,7 +116,7 @@ def load_settings(config: SpecConfig) -> SpecBlockSettings:
     adapt = None
     if config.specblock_adapt:
         adapt = AdaptConfig.parse(config.specblock_adapt_options)
-    return SpecBlockSettings(path, k, draft, adapt, config.specblock_drafter_dtype)
+    return SpecBlockSettings(path, drafter_config, k, draft, adapt, config.specblock_drafter_dtype)
 
 
 def drafter_dtype(choice: str, target_dtype: torch.dtype) -> torch.dtype:

@@ -151,7 +151,7 @@ def test_each_algorithm_states_its_extra_kv_bytes(monkeypatch, tmp_path) -> None
     specblock_drafter().save_pretrained(tmp_path)
     per_row = drafter_kv_bytes_per_row(read_drafter_config(str(tmp_path)), torch.float32)
     assert per_row > 0
-    drafter = SimpleNamespace(drafter_path=str(tmp_path))
+    drafter = SimpleNamespace(drafter_config=read_drafter_config(str(tmp_path)))
     assert SpecBlock().extra_kv_bytes_per_token(drafter, torch.float32) == per_row
     hosted = SimpleNamespace(drafter="specblock", draft_model_path=str(tmp_path))
     assert MineDraft().extra_kv_bytes_per_token(hosted, torch.bfloat16) == 3 * SPECBLOCK_D * 2

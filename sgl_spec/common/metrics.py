@@ -160,15 +160,17 @@ class SpecMetrics:
         self._updates = self._count("sglang:spec_adapt_updates", self._updates, num_updates)
         self._rollbacks = self._count("sglang:spec_adapt_rollbacks", self._rollbacks, num_rollbacks)
 
-    def observe_phase(
-        self, overlap_ratio: float, num_verified: int, num_drafted: int, num_restarts: int
-    ) -> None:
-        """MINEDRAFT: one phase (verify one batch while the draft server drafts the other)."""
-        self.extra_log["overlap"] = f"{overlap_ratio:.2f}"
+    def set_restarts(self, num_restarts: int) -> None:
+        """MINEDRAFT: running total of draft server restarts, counted when one finishes (from
+        the restart thread), not at the next phase: a restart during an idle spell shows."""
         self.extra_log["restarts"] = str(num_restarts)
         self._restarts = self._count(
             "sglang:spec_draft_server_restarts", self._restarts, num_restarts
         )
+
+    def observe_phase(self, overlap_ratio: float, num_verified: int, num_drafted: int) -> None:
+        """MINEDRAFT: one phase (verify one batch while the draft server drafts the other)."""
+        self.extra_log["overlap"] = f"{overlap_ratio:.2f}"
         if not self.enabled:
             return
         gauge = self._series(

@@ -75,6 +75,7 @@ class DraftLink:
         self.num_faults = 0
         self.num_restarts = 0
         self.last_fault = ""
+        self.on_restart: Callable[[int], None] | None = None  # given the running total
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -141,6 +142,8 @@ class DraftLink:
             self.num_restarts += 1
             self._restarting = False
             self._up = True
+        if self.on_restart is not None:
+            self.on_restart(self.num_restarts)
         logger.info(
             "MINEDRAFT: draft server restarted (pid %s); parallel mode resumes", self.client.pid
         )

@@ -84,6 +84,7 @@ class MineDraftWorker(TargetWrappingWorker):
         # Metrics line every --decode-log-interval phases (SGLang's decode log cadence).
         self.log_every = max(1, int(getattr(server_args, "decode_log_interval", 40) or 40))
         self.link = start_draft_link(self.settings, server_args)
+        self.link.on_restart = self.metrics.set_restarts
         self.set_verify_shape(self.settings.num_steps, self.width)
 
     def _capture_features(self) -> torch.Tensor:
@@ -186,9 +187,7 @@ class MineDraftWorker(TargetWrappingWorker):
             wait_s=wait_s,
         )
         self.metrics.observe_step([a - 1 for a in accept], num_offered, draft_s, verify_s)
-        self.metrics.observe_phase(
-            self.stats.overlap_bound, len(target_rows), len(draft_rows), self.link.num_restarts
-        )
+        self.metrics.observe_phase(self.stats.overlap_bound, len(target_rows), len(draft_rows))
         self.manager.alternate(plan)
         if self.stats.phases % self.log_every == 0:
             logger.info(

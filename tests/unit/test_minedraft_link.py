@@ -152,6 +152,8 @@ def test_fault_gives_no_drafts_then_restart_resends_everything(mode: str) -> Non
     client = FakeClient()
     client.restart_failures = 1  # the first restart attempt fails too; the link retries
     link = DraftLink(client, timeout_s=0.01)
+    told: list[int] = []
+    link.on_restart = told.append  # the metrics counter, told before any later step
     link.start()
     link.submit(1, 0, [DraftJob("a", [1, 2], 1)])
     link.collect(1)
@@ -161,7 +163,7 @@ def test_fault_gives_no_drafts_then_restart_resends_everything(mode: str) -> Non
     assert link.num_faults == 1 and (mode == "fail_submit") == (not ok)
     setattr(client, mode, False)
     wait_up(link)
-    assert link.num_restarts == 1 and client.generation == 2
+    assert link.num_restarts == 1 and client.generation == 2 and told == [1]
     link.submit(3, 0, [DraftJob("a", [1, 2, 3, 4], 1)])
     entry = client.sent[-1].entries[0]
     assert entry.is_new and entry.prompt_ids.tolist() == [1, 2, 3, 4]  # re-sent whole

@@ -49,7 +49,8 @@ def test_prometheus_series_follow_the_steps() -> None:
     metrics.set_adaptation(num_updates=3, num_rollbacks=1)
     assert _value("sglang:spec_adapt_updates_total", **labels) == 3
     assert _value("sglang:spec_adapt_rollbacks_total", **labels) == 1
-    metrics.observe_phase(1.6, num_verified=4, num_drafted=3, num_restarts=1)
+    metrics.observe_phase(1.6, num_verified=4, num_drafted=3)
+    metrics.set_restarts(1)
     assert _value("sglang:spec_overlap_ratio", **labels) == pytest.approx(1.6)
     assert _value("sglang:spec_draft_server_restarts_total", **labels) == 1
     assert _value("sglang:spec_batch_size_sum", role="draft", **labels) == 3

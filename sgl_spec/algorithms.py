@@ -16,14 +16,24 @@ from sgl_spec.config import ConfigError, SpecConfig, split_argv
 
 SHAPE_FLAGS = ("num_steps", "eagle_topk", "num_draft_tokens")
 CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+# What the launcher serves with no --model-path: the shipped target with SGLang's STANDALONE
+# (sgl-spec's whole-sequence draft), whose draft shape on the shipped models is a chain of 3
+# (measured best, benchmarks/RESULTS.md).
+DEFAULT_ALGORITHM = "STANDALONE"
+STANDALONE_SHIPPED_ARGV = {
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
 
 
 def all_algorithms() -> list[Algorithm]:
-    from sgl_spec.minedraft.algorithm import ALGORITHM as MINEDRAFT
-    from sgl_spec.mtp.algorithm import ALGORITHM as MTP_LORA
-    from sgl_spec.specblock.algorithm import ALGORITHM as SPECBLOCK
+    """Ours, in ``sgl_spec.algorithm_list`` order (each package's ``algorithm.ALGORITHM``)."""
+    import importlib
 
-    return [MTP_LORA, SPECBLOCK, MINEDRAFT]
+    from sgl_spec.algorithm_list import PACKAGES
+
+    return [importlib.import_module(f"{p}.algorithm").ALGORITHM for p in PACKAGES]
 
 
 def find(name: str | None) -> Algorithm | None:
@@ -43,11 +53,21 @@ def with_shipped_defaults(config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
     return config
 
 
+def prepare_model_args(argv: list[str]) -> list[str]:
+    """SGLang's argv with the shipped models and each algorithm's settings for them filled in
+    where the user gave none, and registry names resolved to directories."""
+    from sgl_spec.model_defaults import fill_shipped_defaults, resolve_paths
+
+    draft_defaults = {"STANDALONE": STANDALONE_SHIPPED_ARGV}
+    for algorithm in all_algorithms():
+        if algorithm.uses_draft_model:
+            draft_defaults[algorithm.name] = algorithm.shipped_argv
+    return resolve_paths(fill_shipped_defaults(argv, DEFAULT_ALGORITHM, draft_defaults))
+
+
 def prepare_launch(argv: list[str]) -> tuple[SpecConfig, list[str]]:
     """The launcher's argv -> (our validated config, SGLang's argv): our flags split off, the
     shipped models filled in, then ``check_launch``. Pure apart from reading the files named."""
-    from sgl_spec.model_defaults import prepare_model_args
-
     config, sglang_argv = split_argv(argv)
     sglang_argv = prepare_model_args(sglang_argv)
     launch = LaunchArgs.from_argv(sglang_argv)

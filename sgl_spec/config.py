@@ -1,8 +1,11 @@
 """Our command-line flags: one frozen dataclass, validated once, carried to every process.
 
-Each flag is declared once, as its field's metadata (``Flag``: name, help, kind, choices,
-bounds, owning algorithm); the argparse group, the namespace reader, the declared checks and
-``docs/flags.md`` are all built from those declarations.
+``SpecConfig`` is assembled from flag groups: the core flags below and each algorithm's
+``<package>/flags.py`` (``FLAGS``; the packages are listed in ``sgl_spec.algorithm_list``), so
+an algorithm's flags, constants and checks live in its own folder. Each flag is declared once,
+as its field's metadata (``sgl_spec.flags.Flag``); the argparse group, the namespace reader,
+the declared checks and ``docs/flags.md`` are all built from those declarations, and each group's
+``validate`` adds the checks a declaration cannot state.
 
 SGLang's ``ServerArgs`` is never touched: ``launch_server`` strips our flags from argv before
 SGLang parses it, and the validated config travels to spawned scheduler processes through one
@@ -13,56 +16,24 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
-from dataclasses import Field, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
+
+from sgl_spec.algorithm_list import PACKAGES
+from sgl_spec.flags import ConfigError, Flag, check_declared, convert, flag, flag_of
+
+__all__ = ["ENV_VAR", "ConfigError", "Flag", "SpecConfig", "process_config", "split_argv"]
 
 ENV_VAR = "SGLSPEC_CONFIG"
 CPU_FALLBACK_CHOICES = ("auto", "on", "off")
-MAX_MTP_K = 8
-SPECBLOCK_BRANCHING_NAMES = {"default": (2, 4, 10, 0), "fallback": (2, 4, 6, 4)}  # App. A.5
-MAX_SPECBLOCK_NODES = 256
-SPECBLOCK_DEFAULT_M = 2  # tree blocks per iteration (paper §4.1 setting)
-SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
-# On the shipped target + drafters (filled by ``model_defaults``): the node budget measured best
-# on the CPU hosts (benchmarks/RESULTS.md), where a verified tree costs about linearly in its nodes.
-SPECBLOCK_SHIPPED_MAX_NODES = 8
-MINEDRAFT_DRAFTERS = ("model", "specblock")
-MINEDRAFT_POLICIES = ("balanced", "paper")  # batch assignment (sgl_spec.minedraft.batch_manager)
-
-
-class ConfigError(ValueError):
-    """A bad sgl-spec flag; the message names the flag."""
 
 
 @dataclass(frozen=True)
-class Flag:
-    """How one ``SpecConfig`` field appears on the command line (declared once, in the field's
-    metadata; the parser, the namespace reader and ``docs/flags.md`` are built from it).
+class CoreFlags:
+    """Flags of sgl-spec itself and of SGLang's algorithms it patches."""
 
-    ``kind``: ``str`` / ``int`` / ``float`` values, or ``"switch"`` (present sets the field to
-    ``not default``); ``choices``: allowed values; ``bounds``: inclusive range of a number;
-    ``requires``: the ``--speculative-algorithm`` the flag belongs to, when giving it with
-    another algorithm is a mistake."""
-
-    name: str
-    help: str
-    kind: type | str = str
-    choices: tuple[str, ...] = ()
-    bounds: tuple[float, float] | None = None
-    requires: str | None = None
-
-
-def flag(default: object, name: str, help: str, **options: object) -> object:
-    return field(default=default, metadata={"flag": Flag(name, help, **options)})
-
-
-def flag_of(f: Field) -> Flag:
-    return f.metadata["flag"]
-
-
-@dataclass(frozen=True)
-class SpecConfig:
     cpu_defaults: str = flag(
         "auto",
         "--sgl-spec-cpu-defaults",
@@ -85,166 +56,24 @@ class SpecConfig:
         " the draft to see the whole sequence.",
         kind="switch",
     )
-    mtp_lora_path: str | None = flag(
-        None,
-        "--mtp-lora-path",
-        "MTP_LORA: directory of the gated-LoRA adapter (adapter_config.json +"
-        " adapter.safetensors) or a shipped name such as sgl-spec/tiny-code-mtp.",
-    )
-    mtp_k: str | None = flag(
-        None,
-        "--mtp-k",
-        "MTP_LORA: drafts per step (0 = no speculation), at most the adapter's k_max;"
-        " 'auto' lets the speculation controller choose k per step from measured step times"
-        " (and --mtp-gamma-table as a prior, if given) and the running acceptance.",
-    )
-    mtp_gamma_table: str | None = flag(
-        None,
-        "--mtp-gamma-table",
-        "MTP_LORA with --mtp-k auto: optional prior, the JSON written by"
-        " benchmarks/gamma_tolerance.py; served step times replace it once measured.",
-    )
-    specblock_drafter_path: str | None = flag(
-        None,
-        "--specblock-drafter-path",
-        "SPECBLOCK: drafter directory (config.json + model.safetensors written by"
-        " `python -m sgl_spec.specblock.train`).",
-    )
-    specblock_k: int | None = flag(
-        None,
-        "--specblock-k",
-        "SPECBLOCK: draft positions used per block, at most the drafter's trained K"
-        " (default: its K).",
-        kind=int,
-        bounds=(1, 64),
-    )
-    specblock_m: int = flag(
-        SPECBLOCK_DEFAULT_M,
-        "--specblock-m",
-        "SPECBLOCK: tree blocks (batched drafter forwards) per iteration (default"
-        f" {SPECBLOCK_DEFAULT_M}).",
-        kind=int,
-        bounds=(1, 16),
-    )
-    specblock_branching: str = flag(
-        "default",
-        "--specblock-branching",
-        "SPECBLOCK: siblings per rank bucket b0..b3 (App. A.5): 'default' = 2,4,10,0,"
-        " 'fallback' = 2,4,6,4, or four comma-separated integers.",
-    )
-    specblock_max_nodes: int | None = flag(
-        None,
-        "--specblock-max-nodes",
-        "SPECBLOCK: tree nodes verified per request, root included (default"
-        f" {SPECBLOCK_DEFAULT_MAX_NODES}; {SPECBLOCK_SHIPPED_MAX_NODES} on the shipped target,"
-        " the measured best there).",
-        kind=int,
-        bounds=(2, MAX_SPECBLOCK_NODES),
-    )
-    specblock_rank_head: str = flag(
-        "on",
-        "--specblock-rank-head",
-        "SPECBLOCK: 'on' (default) shapes the tree with the drafter's rank head"
-        " (--specblock-branching); 'off' grows fixed trees instead, the top 2 tokens at"
-        " every position and later blocks from chain ends only (the paper's Table 2"
-        " ablation, at serving time).",
-        choices=("on", "off"),
-    )
-    specblock_drafter_dtype: str = flag(
-        "auto",
-        "--specblock-drafter-dtype",
-        "SPECBLOCK: dtype of the drafter's weights, KV cache and activations (drafts only;"
-        " outputs are the target's either way): 'auto' (default) = the target's dtype,"
-        " or float32, bfloat16, float16.",
-        choices=("auto", "float32", "bfloat16", "float16"),
-    )
-    specblock_adapt: bool = flag(
-        False,
-        "--specblock-adapt",
-        "SPECBLOCK: cost-aware online adaptation of the drafter while serving (paper"
-        " §3.4): a bandit picks skip / head-only / full updates from the verifier's signal;"
-        " updates train a copy on a background thread. Off by default; outputs unchanged.",
-        kind="switch",
-        requires="SPECBLOCK",
-    )
-    specblock_adapt_options: str | None = flag(
-        None,
-        "--specblock-adapt-options",
-        "SPECBLOCK with --specblock-adapt: override adaptation constants as"
-        " key=value,... (fields of sgl_spec.specblock.adapt.AdaptConfig, e.g."
-        " warmup_queries=10,measure_queries=8,buffer_queries=4,lr=3e-4).",
-    )
-    speculative_draft_device: str | None = flag(
-        None,
-        "--speculative-draft-device",
-        "MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
-        " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
-        " Default: the last GPU if there are two or more, else cpu:1.",
-        requires="MINEDRAFT",
-    )
-    minedraft_drafter: str = flag(
-        "model",
-        "--minedraft-drafter",
-        "MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
-        " --speculative-draft-model-path) or 'specblock' (the SpecBlock drafter of"
-        " --specblock-drafter-path, drafting chains of --speculative-num-steps; on the"
-        " shipped target the shipped drafter).",
-        choices=MINEDRAFT_DRAFTERS,
-    )
-    minedraft_policy: str = flag(
-        "balanced",
-        "--minedraft-policy",
-        "MINEDRAFT: batch assignment, 'balanced' (every new request joins the smaller"
-        " batch, App. A) or 'paper' (§5.1 as published).",
-        choices=MINEDRAFT_POLICIES,
-    )
-    minedraft_draft_timeout: float = flag(
-        30.0,
-        "--minedraft-draft-timeout",
-        "MINEDRAFT: seconds without a reply from the draft server, while drafts are awaited,"
-        " before it is treated as hung and restarted (default 30); meanwhile a sync point"
-        " waits at most a short budget, and its batch is decoded target-only.",
-        kind=float,
-        bounds=(1e-3, 86400.0),
-    )
-    minedraft_overlap: str = flag(
-        "on",
-        "--minedraft-overlap",
-        "MINEDRAFT: 'on' (default) drafts one batch while the target verifies the other;"
-        " 'off' runs every step as standard SD through the same draft server (draft, then"
-        " verify): the like-for-like baseline that measures what the overlap gains.",
-        choices=("on", "off"),
-    )
+
+    def validate(self) -> None:
+        """Nothing beyond the declared checks."""
+
+
+def flag_groups() -> tuple[type, ...]:
+    """The core group, then each algorithm's ``FLAGS`` in ``algorithm_list`` order."""
+    return (CoreFlags, *(importlib.import_module(f"{p}.flags").FLAGS for p in PACKAGES))
+
+
+class _ConfigMethods:
+    """What ``SpecConfig`` does with its fields, whatever groups it is made of."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_declared(flag_of(f), getattr(self, f.name))
-        if self.mtp_k is not None and self.mtp_k != "auto":
-            if not self.mtp_k.isdigit() or not 0 <= int(self.mtp_k) <= MAX_MTP_K:
-                raise ConfigError(
-                    f"--mtp-k must be 'auto' or an integer in 0..{MAX_MTP_K}; got {self.mtp_k!r}"
-                )
-        specblock_bucket_map(self.specblock_branching)
-        if self.specblock_adapt_options is not None:
-            if not self.specblock_adapt:
-                raise ConfigError("--specblock-adapt-options needs --specblock-adapt")
-            from sgl_spec.specblock.adapt.policy import AdaptConfig
-
-            try:
-                AdaptConfig.parse(self.specblock_adapt_options)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"--specblock-adapt-options: {exc}") from None
-        if self.speculative_draft_device is not None:
-            from sgl_spec.minedraft.devices import parse_device
-
-            try:
-                parse_device(self.speculative_draft_device)
-            except ValueError as exc:
-                raise ConfigError(f"--speculative-draft-device: {exc}") from None
-
-    @property
-    def specblock_bucket_map(self) -> tuple[int, int, int, int]:
-        return specblock_bucket_map(self.specblock_branching)
+            check_declared(flag_of(f), getattr(self, f.name))
+        for group in FLAG_GROUPS:
+            group.validate(self)
 
     def check_algorithm(self, algorithm: str | None) -> None:
         """Refuse a flag given (not at its default) for an algorithm other than its own."""
@@ -254,10 +83,10 @@ class SpecConfig:
                 if (algorithm or "").upper() != spec.requires:
                     raise ConfigError(f"{spec.name} needs --speculative-algorithm {spec.requires}")
 
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("sgl-spec")
-        for f in fields(SpecConfig):
+        for f in fields(cls):
             spec = flag_of(f)
             if spec.kind == "switch":
                 group.add_argument(spec.name, dest=f.name, action="store_true", help=spec.help)
@@ -265,7 +94,7 @@ class SpecConfig:
                 group.add_argument(spec.name, dest=f.name, default=None, help=spec.help)
 
     @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> SpecConfig:
+    def from_namespace(cls, ns: argparse.Namespace):
         """Values the user gave, converted to each field's kind; the rest keep their default."""
         given = {}
         for f in fields(cls):
@@ -274,14 +103,14 @@ class SpecConfig:
                 if value:
                     given[f.name] = not f.default
             elif value is not None:
-                given[f.name] = _convert(spec, value)
+                given[f.name] = convert(spec, value)
         return cls(**given)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> SpecConfig:
+    def from_env(cls, environ: dict[str, str] | None = None):
         """The config the launcher put in ``SGLSPEC_CONFIG`` (defaults when unset); read it
         through ``process_config`` in a served process, once."""
         raw = (os.environ if environ is None else environ).get(ENV_VAR)
@@ -295,36 +124,26 @@ class SpecConfig:
         return cls(**data)
 
 
+def _assemble(groups: tuple[type, ...]) -> type:
+    """The frozen dataclass of every group's fields, in ``groups`` order (a dataclass collects
+    its bases' fields from the last base to the first)."""
+    namespace = {
+        "__module__": __name__,
+        "__qualname__": "SpecConfig",
+        "__doc__": "Every sgl-spec flag: the fields of each group of ``flag_groups``.",
+    }
+    return dataclass(frozen=True)(type("SpecConfig", (_ConfigMethods, *groups[::-1]), namespace))
+
+
+FLAG_GROUPS = flag_groups()
+SpecConfig = _assemble(FLAG_GROUPS)
+
+
 @functools.cache
 def process_config() -> SpecConfig:
     """This process's config: ``SGLSPEC_CONFIG`` read and validated once (the plugin entry point
     and the runtime patches share it; workers get settings built from it)."""
     return SpecConfig.from_env()
-
-
-def _convert(spec: Flag, value: object) -> object:
-    if spec.kind not in (int, float) or isinstance(value, spec.kind):
-        return value
-    try:
-        return spec.kind(value)  # type: ignore[operator]
-    except ValueError:
-        noun = "an integer" if spec.kind is int else "a number"
-        raise ConfigError(f"{spec.name} must be {noun}; got {value!r}") from None
-
-
-def _check_declared(spec: Flag, value: object) -> None:
-    """The checks a flag's declaration states: its choices and its bounds."""
-    if value is None:
-        return
-    if spec.choices and value not in spec.choices:
-        raise ConfigError(f"{spec.name} must be one of {', '.join(spec.choices)}; got {value!r}")
-    if spec.bounds is not None:
-        low, high = spec.bounds
-        numeric = int if spec.kind is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, numeric) or not low <= value <= high:
-            noun = "an integer" if spec.kind is int else "a number"
-            shown = f"{low:g}..{high:g}"
-            raise ConfigError(f"{spec.name} must be {noun} in {shown}; got {value!r}")
 
 
 def flags_markdown() -> str:
@@ -357,23 +176,6 @@ def flags_markdown() -> str:
         spec = flag_of(f)
         lines += [f"- `{spec.name}`: {spec.help}"]
     return "\n".join(lines) + "\n"
-
-
-def specblock_bucket_map(value: str) -> tuple[int, int, int, int]:
-    """``--specblock-branching``: a name of App. A.5's maps or four widths ``w0,w1,w2,w3``."""
-    if value in SPECBLOCK_BRANCHING_NAMES:
-        return SPECBLOCK_BRANCHING_NAMES[value]
-    parts = str(value).split(",")
-    try:
-        widths = tuple(int(p) for p in parts)
-    except ValueError:
-        widths = ()
-    if len(widths) != 4 or min(widths) < 0 or max(widths) < 1 or max(widths) > 64:
-        raise ConfigError(
-            "--specblock-branching must be 'default' (2,4,10,0), 'fallback' (2,4,6,4) or four"
-            f" comma-separated widths in 0..64 with one > 0; got {value!r}"
-        )
-    return widths  # type: ignore[return-value]
 
 
 def split_argv(argv: list[str]) -> tuple[SpecConfig, list[str]]:

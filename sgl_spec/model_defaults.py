@@ -8,23 +8,13 @@ user gives wins.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from sgl_spec.argv import LaunchArgs, flag_value, set_flag_value
 from sgl_spec.config import ConfigError, SpecConfig
 
 PATH_FLAGS = ("--model-path", "--speculative-draft-model-path", "--tokenizer-path")
-DEFAULT_ALGORITHM = "STANDALONE"
-# Measured on the shipped models (benchmarks/RESULTS.md); a chain of 3 drafts.
-STANDALONE_DEFAULTS = {
-    "--speculative-num-steps": "3",
-    "--speculative-eagle-topk": "1",
-    "--speculative-num-draft-tokens": "4",
-}
-
-# MINEDRAFT on the shipped models: the shipped draft model drafts a chain of 3 (the draft
-# server's device defaults to cpu:1 / the last GPU, sgl_spec/minedraft/algorithm.py).
-MINEDRAFT_DEFAULTS = {"--speculative-num-steps": "3"}
 
 
 def looks_like_hub_id(value: str) -> bool:
@@ -54,21 +44,22 @@ def resolve_paths(argv: list[str]) -> list[str]:
     return argv
 
 
-def fill_shipped_defaults(argv: list[str]) -> list[str]:
-    """No --model-path: the shipped target with STANDALONE. A shipped target with STANDALONE or
-    MINEDRAFT and no draft: the shipped draft. Step/width defaults only where the user gave
-    none; a chain's draft tokens follow its steps (steps + 1)."""
+def fill_shipped_defaults(
+    argv: list[str], default_algorithm: str, draft_defaults: Mapping[str, Mapping[str, str]]
+) -> list[str]:
+    """No --model-path: the shipped target with ``default_algorithm``. A shipped target with an
+    algorithm of ``draft_defaults`` (name -> its SGLang flags there) and no draft: the shipped
+    draft, and those flags only where the user gave none; a chain's draft tokens follow its
+    steps (steps + 1)."""
     from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped
 
     launch = LaunchArgs.from_argv(argv)
     if launch.model_path is None:
         argv = argv + ["--model-path", DEFAULT_TARGET]
         if launch.algorithm is None:
-            argv += ["--speculative-algorithm", DEFAULT_ALGORITHM]
+            argv += ["--speculative-algorithm", default_algorithm]
         launch = LaunchArgs.from_argv(argv)
-    defaults = {"STANDALONE": STANDALONE_DEFAULTS, "MINEDRAFT": MINEDRAFT_DEFAULTS}.get(
-        launch.algorithm or ""
-    )
+    defaults = draft_defaults.get(launch.algorithm or "")
     if defaults is not None and is_shipped(launch.model_path or ""):
         if launch.draft_model_path is None:
             argv += ["--speculative-draft-model-path", DEFAULT_DRAFT]
@@ -82,16 +73,12 @@ def fill_shipped_defaults(argv: list[str]) -> list[str]:
     return argv
 
 
-def prepare_model_args(argv: list[str]) -> list[str]:
-    return resolve_paths(fill_shipped_defaults(argv))
-
-
 def fill_unset_for_shipped(
     config: SpecConfig, launch: LaunchArgs, algorithm: str, defaults: dict[str, object]
 ) -> SpecConfig:
     """``algorithm`` serving the shipped target: each ``SpecConfig`` field in ``defaults`` the
     user left unset (None) gets its default. ``launch`` is read from SGLang's argv after
-    ``prepare_model_args``."""
+    ``sgl_spec.algorithms.prepare_model_args``."""
     from dataclasses import replace
 
     from sgl_spec.models.registry import is_shipped

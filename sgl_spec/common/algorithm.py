@@ -4,7 +4,8 @@ An algorithm (``mtp/algorithm.py``, ``specblock/algorithm.py``, ``minedraft/algo
 says: its name; the settings it builds from our config and SGLang's launch settings (refusing
 bad ones with a message naming the flag); the defaults it fills in on the shipped models; the
 verify shape SGLang must size its buffers for; and its worker class. The launcher and SGLang's
-``handle_server_args`` run the same ``check``; ``sgl_spec/algorithms.py`` lists the algorithms.
+``handle_server_args`` run the same ``check``. Its command-line flags are the ``FLAGS`` group of its
+package's ``flags.py``; ``sgl_spec/algorithm_list.py`` lists the packages.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Algorithm(ABC):
     name: ClassVar[str]
     # True when the algorithm drafts with --speculative-draft-model-path (a draft LM).
     uses_draft_model: ClassVar[bool] = False
+    # With a draft LM: SGLang flags it gets on the shipped target (with the shipped draft)
+    # where the user gave none.
+    shipped_argv: ClassVar[dict[str, str]] = {}
     # The flags of its own that size its drafts, when it has them: SGLang's EAGLE-shape flags
     # (--speculative-num-steps / -eagle-topk / -num-draft-tokens) are then refused, since its
     # verify shape would silently replace them.

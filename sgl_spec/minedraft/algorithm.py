@@ -16,6 +16,9 @@ from sgl_spec.minedraft.settings import MineDraftSettings, feature_bytes_per_tok
 class MineDraft(Algorithm):
     name = "MINEDRAFT"
     uses_draft_model = True
+    # the shipped draft model drafts a chain of 3 (the draft server's device defaults to cpu:1
+    # or the last GPU: settings.py)
+    shipped_argv = {"--speculative-num-steps": "3"}
     cuda_graph_off_reason = "the batch is split every step"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:

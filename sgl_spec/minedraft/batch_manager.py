@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sgl_spec.config import MINEDRAFT_POLICIES
+from sgl_spec.minedraft.flags import MINEDRAFT_POLICIES
 
 Policy = Literal["balanced", "paper"]
 POLICIES: tuple[str, ...] = MINEDRAFT_POLICIES

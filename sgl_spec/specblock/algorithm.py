@@ -12,7 +12,8 @@ from typing import Any
 
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
-from sgl_spec.config import SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
+from sgl_spec.config import SpecConfig
+from sgl_spec.specblock.flags import SPECBLOCK_SHIPPED_MAX_NODES
 from sgl_spec.specblock.settings import SpecBlockSettings, check_model_dir, load_settings
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from sgl_spec.config import SPECBLOCK_DEFAULT_MAX_NODES, SpecConfig
+from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.adapt.policy import AdaptConfig
 from sgl_spec.specblock.drafting import DraftSettings
+from sgl_spec.specblock.flags import SPECBLOCK_DEFAULT_MAX_NODES
 
 
 @dataclass(frozen=True)

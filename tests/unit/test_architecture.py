@@ -12,9 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sgl_spec.algorithm_list import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sgl_spec"
-ALGORITHM_PACKAGES = ("mtp", "specblock", "minedraft")
+ALGORITHM_PACKAGES = tuple(name.rpartition(".")[2] for name in PACKAGES)
+# Modules shared by every algorithm: they must not know any one of them.
+SHARED = ("config.py", "flags.py", "model_defaults.py", "algorithms.py", "patches")
 # MINEDRAFT's draft server can host the SpecBlock drafter (--minedraft-drafter specblock):
 # these modules load, check and run it.
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
@@ -111,6 +115,83 @@ def test_algorithms_do_not_import_each_other() -> None:
             other = (target.split(".") + [""])[1]
             if other in ALGORITHM_PACKAGES and other != owner and HOSTS.get(module) != other:
                 wrong.append(f"{module} imports {target}")
+    assert not wrong, wrong
+
+
+def test_lower_layers_import_no_algorithm() -> None:
+    """``config.py`` and ``common/`` import no algorithm module; the config reaches each
+    algorithm's flag group through ``algorithm_list`` only, and a group (``<package>/flags.py``)
+    imports nothing of sgl-spec but the flag declarations at module level."""
+    graph = import_graph()
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        if module == "sgl_spec.config" or module.startswith("sgl_spec.common")
+        for target in targets
+        if (target.split(".") + [""])[1] in ALGORITHM_PACKAGES
+    ]
+    assert not wrong, wrong
+    for package in PACKAGES:
+        tree = ast.parse((ROOT / package.replace(".", "/") / "flags.py").read_text())
+        imported = {
+            node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert {m for m in imported if m.startswith("sgl_spec")} == {"sgl_spec.flags"}, package
+
+
+def algorithm_mentions(source: str, words: tuple[str, ...]) -> list[str]:
+    """Identifiers, imported modules and string constants of ``source`` (docstrings and comments
+    aside) that contain one of ``words`` (case-insensitive)."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = "" if id(node) in docstrings else node.value
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            text = " ".join([getattr(node, "module", None) or "", *(a.name for a in node.names)])
+        else:
+            text = " ".join(
+                str(getattr(node, key, "")) for key in ("id", "attr", "name", "arg")
+            ).strip()
+        if any(word in text.lower() for word in words):
+            found.append(f"line {getattr(node, 'lineno', '?')}: {text[:60]!r}")
+    return found
+
+
+def test_algorithm_mentions_sees_a_name() -> None:
+    words = ("specblock",)
+    assert algorithm_mentions('"""SPECBLOCK here is fine."""\nx = 1\n', words) == []
+    assert algorithm_mentions("from sgl_spec.specblock import flags\n", words)
+    assert algorithm_mentions("if name == 'SPECBLOCK':\n    pass\n", words)
+
+
+def shared_files() -> list[Path]:
+    files = []
+    for entry in SHARED:
+        path = PACKAGE / entry
+        files += sorted(path.glob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def test_shared_modules_name_no_algorithm() -> None:
+    """An algorithm's flags, defaults, draft shape and KV needs live in its own package; the
+    shared modules reach them through ``algorithm_list`` and the ``Algorithm`` interface."""
+    from sgl_spec.algorithms import all_algorithms
+
+    words = (*ALGORITHM_PACKAGES, *(a.name.lower() for a in all_algorithms()))
+    wrong = {}
+    for path in shared_files():
+        found = algorithm_mentions(path.read_text(), words)
+        if found:
+            wrong[str(path.relative_to(ROOT))] = found
     assert not wrong, wrong
 
 

@@ -118,7 +118,8 @@ def test_launcher_rejects_bad_flag_with_clear_message() -> None:
 
 
 def test_model_defaults_fill_only_what_is_missing() -> None:
-    from sgl_spec.model_defaults import flag_value, prepare_model_args
+    from sgl_spec.algorithms import prepare_model_args
+    from sgl_spec.argv import flag_value
     from sgl_spec.models.registry import resolve_model_path
 
     argv = prepare_model_args([])
@@ -144,7 +145,7 @@ def test_model_defaults_fill_only_what_is_missing() -> None:
 
 
 def test_bad_model_path_names_the_flag(tmp_path) -> None:
-    from sgl_spec.model_defaults import prepare_model_args
+    from sgl_spec.algorithms import prepare_model_args
 
     with pytest.raises(ConfigError, match="--speculative-draft-model-path"):
         prepare_model_args(
@@ -217,7 +218,8 @@ def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
 
 
 def test_minedraft_defaults_and_launch_checks() -> None:
-    from sgl_spec.model_defaults import flag_value, prepare_model_args
+    from sgl_spec.algorithms import prepare_model_args
+    from sgl_spec.argv import flag_value
     from sgl_spec.models.registry import resolve_model_path
 
     argv = prepare_model_args(["--speculative-algorithm", "MINEDRAFT"])
@@ -248,7 +250,7 @@ def test_minedraft_defaults_and_launch_checks() -> None:
 
 
 def test_minedraft_hosting_specblock_gets_the_shipped_drafter(tmp_path) -> None:
-    from sgl_spec.model_defaults import prepare_model_args
+    from sgl_spec.algorithms import prepare_model_args
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
     argv = [*prepare_model_args(["--speculative-algorithm", "MINEDRAFT"]), "--device", "cpu"]
@@ -301,3 +303,29 @@ def test_only_the_config_module_reads_the_config_variable() -> None:
         if any(name in path.read_text() for name in ("from_env(", ENV_VAR, "ENV_VAR"))
     ]
     assert sorted(readers) == ["config.py", "launch_server.py"]  # the launcher writes it
+
+
+def test_each_algorithm_owns_its_flag_group() -> None:
+    """``SpecConfig`` is the core flags plus one group per algorithm package, each flag in the
+    group of the algorithm its help names."""
+    import importlib
+    from dataclasses import fields
+
+    from sgl_spec.algorithm_list import PACKAGES
+    from sgl_spec.algorithms import all_algorithms
+    from sgl_spec.config import FLAG_GROUPS, CoreFlags
+    from sgl_spec.flags import flag_of
+
+    groups = [importlib.import_module(f"{package}.flags").FLAGS for package in PACKAGES]
+    assert FLAG_GROUPS == (CoreFlags, *groups)
+    for group, algorithm in zip(groups, all_algorithms(), strict=True):
+        for f in fields(group):
+            spec = flag_of(f)
+            assert spec.help.startswith(algorithm.name), spec.name
+            assert spec.requires in (None, algorithm.name), spec.name
+    names = [f.name for group in FLAG_GROUPS for f in fields(group)]
+    assert [f.name for f in fields(SpecConfig)] == names and len(set(names)) == len(names)
+    with pytest.raises(ConfigError, match="--mtp-k"):
+        SpecConfig(mtp_k="99")  # a group's own check runs on the assembled config
+    with pytest.raises(ConfigError, match="--specblock-branching"):
+        SpecConfig(specblock_branching="1,2")

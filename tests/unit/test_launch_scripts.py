@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from sgl_spec.algorithms import prepare_model_args
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.config import SpecConfig, split_argv
-from sgl_spec.model_defaults import prepare_model_args
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"

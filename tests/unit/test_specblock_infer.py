@@ -308,8 +308,9 @@ def test_settings_and_target_fit_are_checked(tmp_path):
 def test_shipped_target_gets_the_shipped_drafter():
     from sgl_spec.algorithms import check_launch, with_shipped_defaults
     from sgl_spec.argv import LaunchArgs
-    from sgl_spec.config import SPECBLOCK_DEFAULT_M, SPECBLOCK_SHIPPED_MAX_NODES, SpecConfig
+    from sgl_spec.config import SpecConfig
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
+    from sgl_spec.specblock.flags import SPECBLOCK_DEFAULT_M, SPECBLOCK_SHIPPED_MAX_NODES
     from sgl_spec.specblock.settings import load_settings
 
     def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:

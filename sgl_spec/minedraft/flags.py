@@ -1,0 +1,68 @@
+"""MINEDRAFT's command-line flags (a group of ``sgl_spec.config.SpecConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sgl_spec.flags import ConfigError, flag
+
+MINEDRAFT_DRAFTERS = ("model", "specblock")
+MINEDRAFT_POLICIES = ("balanced", "paper")  # batch assignment (sgl_spec.minedraft.batch_manager)
+
+
+@dataclass(frozen=True)
+class MineDraftFlags:
+    speculative_draft_device: str | None = flag(
+        None,
+        "--speculative-draft-device",
+        "MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
+        " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
+        " Default: the last GPU if there are two or more, else cpu:1.",
+        requires="MINEDRAFT",
+    )
+    minedraft_drafter: str = flag(
+        "model",
+        "--minedraft-drafter",
+        "MINEDRAFT: what the draft server hosts: 'model' (the draft LM of"
+        " --speculative-draft-model-path) or 'specblock' (the SpecBlock drafter of"
+        " --specblock-drafter-path, drafting chains of --speculative-num-steps; on the"
+        " shipped target the shipped drafter).",
+        choices=MINEDRAFT_DRAFTERS,
+    )
+    minedraft_policy: str = flag(
+        "balanced",
+        "--minedraft-policy",
+        "MINEDRAFT: batch assignment, 'balanced' (every new request joins the smaller"
+        " batch, App. A) or 'paper' (§5.1 as published).",
+        choices=MINEDRAFT_POLICIES,
+    )
+    minedraft_draft_timeout: float = flag(
+        30.0,
+        "--minedraft-draft-timeout",
+        "MINEDRAFT: seconds without a reply from the draft server, while drafts are awaited,"
+        " before it is treated as hung and restarted (default 30); meanwhile a sync point"
+        " waits at most a short budget, and its batch is decoded target-only.",
+        kind=float,
+        bounds=(1e-3, 86400.0),
+    )
+    minedraft_overlap: str = flag(
+        "on",
+        "--minedraft-overlap",
+        "MINEDRAFT: 'on' (default) drafts one batch while the target verifies the other;"
+        " 'off' runs every step as standard SD through the same draft server (draft, then"
+        " verify): the like-for-like baseline that measures what the overlap gains.",
+        choices=("on", "off"),
+    )
+
+    def validate(self) -> None:
+        """Checks beyond the declared ones; ``ConfigError`` naming the flag."""
+        if self.speculative_draft_device is not None:
+            from sgl_spec.minedraft.devices import parse_device
+
+            try:
+                parse_device(self.speculative_draft_device)
+            except ValueError as exc:
+                raise ConfigError(f"--speculative-draft-device: {exc}") from None
+
+
+FLAGS = MineDraftFlags

@@ -2,10 +2,16 @@
 SGLang's ``StandaloneDraftWorker`` (layout and invariant: that module's docstring).
 
 Each function is written as a method of the worker (``self`` is the draft worker) so that it
-could replace the upstream method as is.
+could replace the upstream method as is. They also report each step to sgl-spec's metrics
+(``sglang:spec_*`` series and the decode log line, as our own algorithms do): the drafts
+accepted per request, the drafting time (``draft`` plus the draft extend after verify) and the
+verify time between them. Reading the accept lengths syncs with the device, so on a GPU this
+runs only with ``--enable-metrics``.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from sglang.srt.model_executor.forward_batch_info import (
@@ -24,8 +30,13 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_proposal
 from sglang.srt.utils.common import fast_topk
 
+from sgl_spec.common.metrics import SpecMetrics
+
 # Set on a Req whose bonus token has no draft KV yet (fresh from prefill).
 _PENDING = "_sgl_spec_draft_bonus_pending"
+# On the draft worker: its SpecMetrics, and (start, end) of the last draft() awaiting its step.
+_METRICS = "_sgl_spec_metrics"
+_DRAFT_SPAN = "_sgl_spec_draft_span"
 
 
 def is_pending(req: object) -> bool:
@@ -166,11 +177,36 @@ def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:
         set_pending(req, False)
 
 
+def _metrics(self) -> SpecMetrics | None:
+    """The worker's metrics, made on first use; None where reporting would cost a device sync
+    nobody asked for (a GPU without ``--enable-metrics``)."""
+    if not hasattr(self, _METRICS):
+        args = self.server_args
+        wanted = getattr(args, "enable_metrics", False) or str(args.device).startswith("cpu")
+        setattr(self, _METRICS, SpecMetrics("STANDALONE", args) if wanted else None)
+    return getattr(self, _METRICS)
+
+
+def _observe_step(self, accept_lens: torch.Tensor, extend_tic: float) -> None:
+    """One step for the metrics: ``draft`` ran, then verify, then the draft extend (from
+    ``extend_tic`` until now)."""
+    span = getattr(self, _DRAFT_SPAN, None)
+    metrics = _metrics(self)
+    setattr(self, _DRAFT_SPAN, None)
+    if span is None or metrics is None:
+        return
+    accepted = (accept_lens - 1).tolist()
+    draft_s = span[1] - span[0] + time.perf_counter() - extend_tic
+    offered = [self.speculative_num_steps] * len(accepted)  # draft depth per request
+    metrics.observe_step(accepted, offered, draft_s, extend_tic - span[1])
+
+
 def draft(self, batch, *, with_topology: bool = False):
     """EAGLE's draft loop, run one position later: the bonus token is already in the draft's
     KV, so the drafts go to positions ``seq_len + 1 ...``. Verify sees the unshifted batch."""
     if batch.forward_mode.is_idle():
         return EagleDraftWorker.draft(self, batch, with_topology=with_topology)
+    tic = time.perf_counter()
     draft_input: EagleDraftInput = batch.spec_info
     if any(is_pending(req) for req in batch.reqs):
         _draft_bonus(self, batch, draft_input)
@@ -207,6 +243,7 @@ def draft(self, batch, *, with_topology: bool = False):
         tree_mask_mode=self.tree_mask_mode,
         device=self.device,
     )
+    setattr(self, _DRAFT_SPAN, (tic, time.perf_counter()))
     if with_topology:
         return verify_input, parent_list, top_scores_index
     return verify_input
@@ -220,6 +257,7 @@ def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None) -> 
         return EagleDraftWorker._draft_extend_for_decode(
             self, batch, batch_result, kv_loc_plan=kv_loc_plan
         )
+    tic = time.perf_counter()
     num_draft_tokens = self.speculative_num_draft_tokens
     width = num_draft_tokens + 1
     bs = len(batch.seq_lens)
@@ -258,4 +296,5 @@ def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None) -> 
     next_draft_input.hidden_states = None
     if probs is not None:
         next_draft_input.draft_probs = probs
+    _observe_step(self, accept_lens, tic)
     next_draft_input.cuda_graph_compatible = True

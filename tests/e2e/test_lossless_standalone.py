@@ -20,7 +20,7 @@ from tests.helpers.lossless import (
     joint_two_token_law,
     sample_pairs_from_law,
 )
-from tests.helpers.metrics import check_spec_metrics
+from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes
 from tests.helpers.server_utils import Server, ServerPool
 
 ALPHA = 1e-4
@@ -84,7 +84,14 @@ def _spec_args(target: Path, draft: Path, shape: list[str]) -> list[str]:
 def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
     t, d = tiny_models["target"], tiny_models["draft"]
     return {
-        "chain": [*_spec_args(t, d, CHAIN), "--enable-metrics"],
+        "chain": [
+            *_spec_args(t, d, CHAIN),
+            "--enable-metrics",
+            "--log-level",
+            "info",
+            "--decode-log-interval",
+            "5",
+        ],
         "tree": _spec_args(t, d, TREE),
         "chain_identity": _spec_args(t, t, CHAIN),
         "tree_identity": _spec_args(t, t, FULL_TREE),
@@ -198,12 +205,13 @@ def test_chain_openai_api_frontend_and_bad_requests(servers) -> None:
 
 
 def test_chain_prometheus_metrics(servers) -> None:
-    """SGLang's speculative series on ``/metrics`` (STANDALONE runs SGLang's own worker, so only
-    SGLang's) agree with the responses' meta_info after traffic: enough decode steps that SGLang
-    logs (and sets its gauges) at least once, whichever tests ran before."""
-    check_spec_metrics(
-        servers("chain"), "STANDALONE", PROMPTS[:4], max_new_tokens=160, max_drafts=3
-    )
+    """SGLang's speculative series and ours (per-position acceptance, draft and verify time per
+    step, reported by the full-context draft) on ``/metrics`` agree with the responses'
+    meta_info after traffic: enough decode steps that SGLang logs (and sets its gauges) at
+    least once, whichever tests ran before; the decode log line carries our figures."""
+    server = servers("chain")
+    check_spec_metrics(server, "STANDALONE", PROMPTS[:4], max_new_tokens=160, max_drafts=3)
+    assert decode_log_suffixes(server, "STANDALONE")
 
 
 def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:

@@ -63,9 +63,6 @@ def check_spec_metrics(
     # SGLang's gauge: the last log interval's mean acceptance length (drafts + bonus token).
     gauge = total(after, "sglang:spec_accept_length")
     assert 1.0 <= gauge <= 1 + max_drafts, gauge  # 0 before any step
-    if algorithm == "STANDALONE":  # SGLang's own worker: only SGLang's series
-        return after
-
     accepted = delta("sglang:spec_position_accepted_total", algorithm=algorithm)
     from_responses = tokens - len(outs) - verify_ct
     assert from_responses <= accepted <= from_responses + max_drafts * len(outs), (

@@ -73,12 +73,15 @@ def _resume_note(log: dict) -> str:
     )
 
 
-def _intro(role: str, cfg: dict, log: dict, manifest: dict, target_width: int) -> str:
-    other = (
-        "the draft `sgl-spec/tiny-code-draft`"
-        if role == "target"
-        else "the target `sgl-spec/tiny-code`"
-    )
+def _intro(name: str, role: str, cfg: dict, log: dict, manifest: dict, target_width: int) -> str:
+    from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    if role == "target":
+        standing = "the default target" if name == DEFAULT_TARGET else "a target"
+        pair = f"the default draft `{DEFAULT_DRAFT}` (or another draft of the same family)"
+    else:
+        standing = "the default draft model" if name == DEFAULT_DRAFT else "a draft model"
+        pair = f"the target `{DEFAULT_TARGET}`"
     distilled = "then distilled on the target's logits (forward KL + 0.1 x next-token loss)"
     if role == "target":
         how = "trained from scratch with the next-token loss"
@@ -87,9 +90,9 @@ def _intro(role: str, cfg: dict, log: dict, manifest: dict, target_width: int) -
     else:
         how = f"initialised from the target's embeddings projected onto their {cfg['hidden_size']} leading singular directions (its layers from scratch), {distilled}"
     return f"""A small Llama-architecture (`LlamaForCausalLM`) code model, {how}, on the Python standard
-library source. It is the embedded default {"target" if role == "target" else "draft model"} of
+library source. It is {standing} shipped inside
 sgl-spec, so speculative decoding can be served and tested on machines that cannot download
-weights; pair it with {other}. Not a useful code assistant: it is small and undertrained (it saw
+weights; pair it with {pair}. Not a useful code assistant: it is small and undertrained (it saw
 ~{log["tokens_seen"] / 1e6:.1f}M tokens, {log["tokens_seen"] / manifest_tokens(manifest):.2f} epochs of the corpus at ~3.6 bytes per token)."""
 
 
@@ -191,9 +194,10 @@ def render_card(
     cfg = read_json(model_dir / "config.json")
     log = read_json(model_dir / "training.json")
     target_width = metrics.get("target_hidden_size", cfg["hidden_size"])
+    name = f"sgl-spec/{Path(model_dir).name}"
     return render_markdown(
-        f"sgl-spec/{Path(model_dir).name}",
-        _intro(role, cfg, log, manifest, target_width),
+        name,
+        _intro(name, role, cfg, log, manifest, target_width),
         [
             _architecture(metrics[role], cfg, log["train_config"]),
             _training_data(manifest),

@@ -29,7 +29,8 @@ class CarriedDraftInput(SpecInput):
 
     def __post_init__(self) -> None:
         # UNO_STATE: "carried state, not a forward input"; no code outside UNO's own files
-        # branches on it, and plugins cannot add enum members.
+        # branches on it, and plugins cannot add enum members (checked at start-up:
+        # patches/spec_internals.py).
         super().__init__(SpecInputType.UNO_STATE)
         self.num_tokens_per_req = 1
         self.num_tokens_for_logprob_per_req = 1

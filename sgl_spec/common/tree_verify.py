@@ -19,7 +19,7 @@ from sgl_spec.verify.tree import DraftTree
 
 # run_eagle_verify compacts the accepted path (KV, hidden states) to the front of each
 # request's rows only for topk > 1; our trees are irregular, so ask for the compaction (for a
-# chain it is the identity).
+# chain it is the identity). Checked at start-up: patches/spec_internals.py.
 _COMPACTING_TOPK = 2
 
 

@@ -8,7 +8,8 @@ verifier bit-identical to the base model. Mask tokens get the adapter's own embe
 shipped target ties its embedding to the LM head, so base rows must stay as they are).
 
 The gate is per forward: the worker sets it with ``GatedLoRA.gates(width, first_gated, ...)`` around
-the forward; outside that context every wrapped module is the base module. Tensor parallelism is
+the forward; outside that context every wrapped module is the base module. The layer shapes the
+wrappers rely on are checked at start-up with the patches (``patches/spec_internals.py``). Tensor parallelism is
 not supported (the worker refuses tp > 1 at start-up).
 """
 

@@ -34,6 +34,7 @@ PATCHES = (
     "spec_row_headroom",
     "worker_kv_budget",
     "standalone_full_context",
+    "spec_internals",
 )
 
 

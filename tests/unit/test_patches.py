@@ -16,6 +16,19 @@ def test_every_patch_matches_pinned_sglang() -> None:
         patch.check()  # raises when the upstream target changed shape
 
 
+def test_internals_check_sees_a_changed_sglang(monkeypatch) -> None:
+    """The checked couplings fail the check when SGLang's code no longer has what they need."""
+    from sgl_spec.patches import spec_internals
+
+    monkeypatch.setattr(spec_internals, "_VERIFY_SOURCE", ("topk > 99",))
+    with pytest.raises(RuntimeError, match="run_eagle_verify"):
+        spec_internals.check()
+    monkeypatch.undo()
+    monkeypatch.setitem(spec_internals._LLAMA_SOURCE, "LlamaMLP.forward", ("self.fused_mlp(",))
+    with pytest.raises(RuntimeError, match="LlamaMLP.forward"):
+        spec_internals.check()
+
+
 def _chain_tree(num_draft_tokens: int):
     """Chain 0 -> 1 -> 2 ...: slot i's first child is i+1, no siblings."""
     nxt = list(range(1, num_draft_tokens)) + [-1]

@@ -29,6 +29,8 @@ class MineDraftSettings:
     max_batch_size: int
     overlap: bool = True  # False: every step is standard SD (--minedraft-overlap off)
     drafter: str = "model"  # --minedraft-drafter: "model" (draft LM) or "specblock"
+    # the hosted SpecBlock drafter's DrafterConfig, read once with the settings (else None)
+    drafter_config: Any = None
 
     @property
     def width(self) -> int:
@@ -120,6 +122,7 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
     from sgl_spec.common.checkpoints import check_draft_model
     from sgl_spec.models.registry import resolve_model_path
 
+    drafter_config = None
     if config.minedraft_drafter == "specblock":
         from sgl_spec.specblock.settings import check_model_dir, read_drafter, resolve_drafter_path
 
@@ -127,7 +130,7 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
             path = resolve_drafter_path(config.specblock_drafter_path)
         except ValueError as exc:
             raise ValueError(f"--minedraft-drafter specblock: {exc}") from exc
-        read_drafter(path)
+        drafter_config = read_drafter(path)
         if launch.model_path is not None:
             check_model_dir(path, launch.model_path)
     else:
@@ -153,6 +156,7 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
         max_batch_size=launch.max_running_requests or DEFAULT_MAX_BATCH,
         overlap=config.minedraft_overlap == "on",
         drafter=config.minedraft_drafter,
+        drafter_config=drafter_config,
     )
 
 
@@ -163,7 +167,5 @@ def feature_bytes_per_token(settings: MineDraftSettings, dtype: Any) -> int:
         return 0
     import torch
 
-    from sgl_spec.specblock.settings import read_drafter_config
-
-    width = read_drafter_config(settings.draft_model_path).target_hidden_size
+    width = settings.drafter_config.target_hidden_size
     return 3 * width * torch.empty((), dtype=dtype).element_size()

@@ -90,9 +90,9 @@ class MineDraftWorker(TargetWrappingWorker):
     def _capture_features(self) -> torch.Tensor:
         """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does;
         returns the column index of the features in SGLang's captured hidden states."""
-        from sgl_spec.specblock.settings import check_target_fit, read_drafter_config
+        from sgl_spec.specblock.settings import check_target_fit
 
-        config = read_drafter_config(self.settings.draft_model_path)
+        config = self.settings.drafter_config
         check_target_fit(
             config, self.model_runner.model_config.hf_config, self.settings.draft_model_path
         )

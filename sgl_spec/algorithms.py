@@ -1,6 +1,7 @@
 """The speculative algorithms sgl-spec adds to SGLang, and what the launcher does with them.
 
-Each entry implements ``sgl_spec.common.algorithm.Algorithm``; adding an algorithm is one line here.
+Each implements ``sgl_spec.common.algorithm.Algorithm``; adding one is a package of its own plus
+one line in ``sgl_spec/algorithm_list.py``.
 ``prepare_launch`` is everything the launcher runs before SGLang starts: a bad launch, whichever
 the algorithm (SGLang's STANDALONE included), is refused there with a ``ConfigError`` naming the
 flag, in seconds, instead of failing once SGLang has spawned its scheduler and loaded models.

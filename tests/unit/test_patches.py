@@ -166,7 +166,7 @@ def test_each_algorithm_states_its_extra_kv_bytes(monkeypatch, tmp_path) -> None
     assert per_row > 0
     drafter = SimpleNamespace(drafter_config=read_drafter_config(str(tmp_path)))
     assert SpecBlock().extra_kv_bytes_per_token(drafter, torch.float32) == per_row
-    hosted = SimpleNamespace(drafter="specblock", draft_model_path=str(tmp_path))
+    hosted = SimpleNamespace(drafter="specblock", drafter_config=drafter.drafter_config)
     assert MineDraft().extra_kv_bytes_per_token(hosted, torch.bfloat16) == 3 * SPECBLOCK_D * 2
     assert MineDraft().extra_kv_bytes_per_token(hosted, torch.float32) == 3 * SPECBLOCK_D * 4
     draft_lm = SimpleNamespace(drafter="model", draft_model_path="unused")

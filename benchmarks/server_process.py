@@ -47,7 +47,9 @@ def tail(path: Path, num_lines: int = 30, line_width: int = 300) -> str:
 
 
 class ServerProcess:
-    def __init__(self, flags: list[str], port: int, log_path: Path) -> None:
+    def __init__(
+        self, flags: list[str], port: int, log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
@@ -61,7 +63,7 @@ class ServerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
 
     def wait_ready(self, timeout: float) -> None:

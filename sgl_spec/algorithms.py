@@ -29,12 +29,12 @@ STANDALONE_SHIPPED_ARGV = {
 
 
 def all_algorithms() -> list[Algorithm]:
-    """Ours, in ``sgl_spec.algorithm_list`` order (each package's ``algorithm.ALGORITHM``)."""
+    """Ours, in ``sgl_spec.algorithm_list.packages()`` order (each package's ``algorithm.ALGORITHM``)."""
     import importlib
 
-    from sgl_spec.algorithm_list import PACKAGES
+    from sgl_spec.algorithm_list import packages
 
-    return [importlib.import_module(f"{p}.algorithm").ALGORITHM for p in PACKAGES]
+    return [importlib.import_module(f"{p}.algorithm").ALGORITHM for p in packages()]
 
 
 def find(name: str | None) -> Algorithm | None:

@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
-from sgl_spec.algorithm_list import PACKAGES
+from sgl_spec.algorithm_list import EXTRA_ENV, packages
 from sgl_spec.flags import ConfigError, Flag, check_declared, convert, flag, flag_of
 
 __all__ = ["ENV_VAR", "ConfigError", "Flag", "SpecConfig", "process_config", "split_argv"]
@@ -63,7 +63,18 @@ class CoreFlags:
 
 def flag_groups() -> tuple[type, ...]:
     """The core group, then each algorithm's ``FLAGS`` in ``algorithm_list`` order."""
-    return (CoreFlags, *(importlib.import_module(f"{p}.flags").FLAGS for p in PACKAGES))
+    return (CoreFlags, *(_import(f"{p}.flags").FLAGS for p in packages()))
+
+
+def _import(module: str):
+    """A module of an algorithm package; ``ConfigError`` naming the package otherwise."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"algorithm package {module.rpartition('.')[0]} (sgl_spec.algorithm_list or"
+            f" {EXTRA_ENV}) cannot be imported: {exc}"
+        ) from exc
 
 
 class _ConfigMethods:
@@ -73,7 +84,8 @@ class _ConfigMethods:
         for f in fields(self):
             check_declared(flag_of(f), getattr(self, f.name))
         for group in FLAG_GROUPS:
-            group.validate(self)
+            if hasattr(group, "validate"):  # checks beyond the declared ones, if any
+                group.validate(self)
 
     def check_algorithm(self, algorithm: str | None) -> None:
         """Refuse a flag given (not at its default) for an algorithm other than its own."""

@@ -35,6 +35,12 @@ class CarriedDraftInput(SpecInput):
         self.num_tokens_per_req = 1
         self.num_tokens_for_logprob_per_req = 1
 
+    @classmethod
+    def carried(cls, bonus_tokens: torch.Tensor, seq_lens: torch.Tensor) -> CarriedDraftInput:
+        """The state after a prefill or a verify: each request's bonus token (SGLang's sampled
+        ids, any shape and integer dtype) and its committed KV length."""
+        return cls(bonus_tokens=bonus_tokens.reshape(-1).to(torch.int64), new_seq_lens=seq_lens)
+
     def per_request_fields(self) -> list[str]:
         """The tensor fields with one row per request (all but ``future_indices``)."""
         return [

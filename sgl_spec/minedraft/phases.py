@@ -61,9 +61,8 @@ def merge_phases(batch, phases: list[Phase], width: int, device) -> GenerationBa
     """One result in the batch's row order, as one verify of the whole batch returns it."""
     if len(phases) == 1 and phases[0].rows == list(range(len(batch.reqs))):
         result = phases[0].result
-        result.next_draft_input = MineDraftDraftInput(
-            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
-            new_seq_lens=result.new_seq_lens,
+        result.next_draft_input = MineDraftDraftInput.carried(
+            result.next_draft_input.bonus_tokens, result.new_seq_lens
         )
         return result
     bs = len(batch.reqs)

@@ -112,9 +112,8 @@ class MineDraftWorker(TargetWrappingWorker):
             self.features.store(batch.out_cache_loc, hidden)
         result.new_seq_lens = batch.seq_lens
         if isinstance(result.next_token_ids, torch.Tensor):
-            result.next_draft_input = MineDraftDraftInput(
-                bonus_tokens=result.next_token_ids.reshape(-1).to(torch.int64),
-                new_seq_lens=batch.seq_lens,
+            result.next_draft_input = MineDraftDraftInput.carried(
+                result.next_token_ids, batch.seq_lens
             )
         return result
 
@@ -247,13 +246,9 @@ class MineDraftWorker(TargetWrappingWorker):
         roots = batch.spec_info.bonus_tokens[rows].tolist()
         trees = []
         for row, root in zip(rows, roots, strict=True):
-            tree = DraftTree.rooted_at(int(root))
             drafts = self._drafts.pop(batch.reqs[row].rid, None)
-            if drafts is not None and drafts[0] == _seq_total(batch.reqs[row]):
-                parent = 0
-                for token in drafts[1].tolist():
-                    parent = tree.add(int(token), parent, 0.0)
-            trees.append(tree)
+            fresh = drafts is not None and drafts[0] == _seq_total(batch.reqs[row])
+            trees.append(DraftTree.chain(int(root), drafts[1].tolist() if fresh else ()))
         result, _ = verify_trees(
             self,
             sub,

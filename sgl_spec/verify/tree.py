@@ -29,6 +29,14 @@ class DraftTree:
     def rooted_at(cls, token: int) -> DraftTree:
         return cls([int(token)], [-1], [0], [0.0])
 
+    @classmethod
+    def chain(cls, root: int, drafts: Sequence[int]) -> DraftTree:
+        """``root`` followed by ``drafts``, one child each (draft log-probabilities unknown)."""
+        tree = cls.rooted_at(root)
+        for parent, token in enumerate(drafts):
+            tree.add(int(token), parent, 0.0)
+        return tree
+
     @property
     def num_nodes(self) -> int:
         return len(self.tokens)

@@ -33,8 +33,9 @@ class Server(ServerProcess):
         log_path: Path,
         timeout: float = 420.0,
         common: list[str] = COMMON_ARGS,
+        env: dict[str, str] | None = None,
     ) -> None:
-        super().__init__([*common, *args], pick_port(), log_path)
+        super().__init__([*common, *args], pick_port(), log_path, env)
         try:
             self.wait_ready(timeout)
         except Exception:

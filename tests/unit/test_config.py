@@ -329,3 +329,19 @@ def test_each_algorithm_owns_its_flag_group() -> None:
         SpecConfig(mtp_k="99")  # a group's own check runs on the assembled config
     with pytest.raises(ConfigError, match="--specblock-branching"):
         SpecConfig(specblock_branching="1,2")
+
+
+def test_extra_algorithm_packages_come_from_the_environment(monkeypatch) -> None:
+    """An out-of-tree algorithm package (``SGLSPEC_EXTRA_ALGORITHMS``) joins the registry after
+    ours; one that cannot be imported is refused naming the package and the variable."""
+    from sgl_spec.algorithm_list import EXTRA_ENV, PACKAGES, packages
+    from sgl_spec.config import flag_groups
+
+    monkeypatch.delenv(EXTRA_ENV, raising=False)
+    assert packages() == PACKAGES
+    monkeypatch.setenv(EXTRA_ENV, " tests.toy_algorithm, ")
+    assert packages() == (*PACKAGES, "tests.toy_algorithm")
+    assert flag_groups()[-1].__name__ == "ToyFlags"
+    monkeypatch.setenv(EXTRA_ENV, "no_such_pkg")
+    with pytest.raises(ConfigError, match=f"no_such_pkg.*{EXTRA_ENV}"):
+        flag_groups()

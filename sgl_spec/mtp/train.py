@@ -50,7 +50,7 @@ def _mask_token_ids(tokenizer, k_max: int, explicit: str | None) -> tuple[int, .
 
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log (also written to the card)."""
-    from sgl_spec.mtp.training.card import write_card
+    from sgl_spec.mtp.training.card import adapter_card
 
     t_start = time.time()
     target = cli.load_frozen_target(args.target)
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> dict:
         f"mtp adapter saved to {args.out}: held-out mask_correct {held_out['mask_correct']}, "
         f"prefix_correct {held_out['prefix_correct']} (command {record['command_wall_s'] / 60:.1f} min)"
     )
-    return cli.write_card_and_report(args.out, record, metrics, write_card, message)
+    return cli.write_card_and_report(args.out, record, metrics, adapter_card, message)
 
 
 def new_adapter(
@@ -93,14 +93,9 @@ def new_adapter(
 def train_config(args: argparse.Namespace) -> MtpTrainConfig:
     """The optimisation config of the CLI flags (anchors start at the last prompt token)."""
     return MtpTrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
+        **cli.schedule_fields(args),
         anchors_per_seq=args.anchors_per_seq,
         first_anchor=args.prompt_len - 1,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed,
-        bf16_autocast=not args.fp32,
     )
 
 

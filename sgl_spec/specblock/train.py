@@ -43,7 +43,7 @@ def save_drafter(drafter: SpecBlockDrafter, out: Path, storage_dtype: torch.dtyp
 
 def run(args: argparse.Namespace) -> dict:
     """Everything the CLI does; returns the training log with the held-out metrics."""
-    from sgl_spec.specblock.training.card import write_card
+    from sgl_spec.specblock.training.card import drafter_card
 
     t_start = time.time()
     frozen = cli.load_frozen_target(args.target)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> dict:
         f"specblock drafter saved to {args.out}: held-out alpha {held_out['alpha']}, "
         f"tau {held_out['tau']} (command {record['command_wall_s'] / 60:.1f} min)"
     )
-    return cli.write_card_and_report(args.out, record, metrics, write_card, message)
+    return cli.write_card_and_report(args.out, record, metrics, drafter_card, message)
 
 
 def trainable_parameters(drafter: SpecBlockDrafter) -> int:
@@ -179,17 +179,12 @@ def drafter_overrides(args: argparse.Namespace) -> dict:
 def train_config(args: argparse.Namespace) -> SpecBlockTrainConfig:
     """The optimisation config of the CLI flags (``--no-valid-prefix`` is a training ablation)."""
     return SpecBlockTrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
+        **cli.schedule_fields(args),
         first_start=args.prompt_len - 1,
         num_blocks=args.num_blocks,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
         rank_warmup_steps=args.rank_warmup_steps,
         shift_lr_scale=args.shift_lr_scale,
         valid_prefix=not args.no_valid_prefix,
-        seed=args.seed,
-        bf16_autocast=not args.fp32,
     )
 
 

@@ -1,7 +1,8 @@
 """What every generated model card has in common: the files beside it (``training.json``,
 ``metrics.json``, ``loss_curve.png``, ``README.md``), the markdown building blocks (sections,
-tables, code blocks), the "Training" section with the command and the loss curve, and the
-closing "Use" / "Reproduce" sections of an adapter or drafter card.
+tables, code blocks), the "Training" section with the command and the loss curve, and the layout
+of an adapter or drafter card (``ModuleCard``: its own sections, then "Training", the held-out
+section, "Use" and "Reproduce").
 
 The cards of the shipped target/draft pair (``sgl_spec.models.build.card``), of an MTP adapter
 (``sgl_spec.mtp.training.card``) and of a SpecBlock drafter (``sgl_spec.specblock.training.card``) keep only their
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 LOSS_PNG = "loss_curve.png"
@@ -52,24 +54,6 @@ def plot_losses(losses: list[float], title: str, path: Path) -> bool:
     fig.savefig(path)
     plt.close(fig)
     return True
-
-
-def write_card_files(
-    out_dir: Path,
-    log: dict,
-    metrics: dict,
-    *,
-    loss_title: str,
-    render: Callable[[Path, dict, dict], str],
-) -> None:
-    """The card of a trained MTP adapter or SpecBlock drafter: ``training.json``,
-    ``metrics.json``, ``loss_curve.png`` and ``README.md`` (``render(out_dir, log, metrics)``),
-    all from one log and one set of metrics so the card cannot disagree with the JSON beside it."""
-    out_dir = Path(out_dir)
-    (out_dir / TRAINING_JSON).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
-    (out_dir / METRICS_JSON).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
-    plot_losses(log["losses"], loss_title, out_dir / LOSS_PNG)
-    (out_dir / "README.md").write_text(render(out_dir, log, metrics), encoding="utf-8")
 
 
 def tail_mean(values: Sequence[float | None], n: int = 25) -> float:
@@ -126,3 +110,47 @@ def use_and_reproduce(python: str, command: str, seeded: str) -> list[str]:
             "`--resume` continues a stopped run exactly.",
         ),
     ]
+
+
+@dataclass(frozen=True)
+class ModuleCard:
+    """What the card of a trained MTP adapter or SpecBlock drafter says of its own; ``render``
+    lays it out like every other card: the title and introduction, the module's own sections,
+    "Training" (the command, what the run did, the loss curve), the held-out section, then "Use"
+    and "Reproduce"."""
+
+    title: str
+    intro: str
+    sections: Sequence[str]  # the module's own sections (architecture, data), before "Training"
+    run: str  # what the training run did, under the command in "Training"
+    held_out: str  # the held-out metrics section
+    use: str  # Python that loads the module
+    seeded: str  # what the seed fixes, for the determinism claim of "Reproduce"
+    loss_title: str  # title of the loss-curve plot
+
+    def render(self, command: str) -> str:
+        """The card's markdown; ``command`` is the training command as run."""
+        return render_markdown(
+            self.title,
+            self.intro,
+            [
+                *self.sections,
+                training_section(command, self.run),
+                self.held_out,
+                *use_and_reproduce(self.use, command, self.seeded),
+            ],
+        )
+
+
+def write_card_files(
+    out_dir: Path, log: dict, metrics: dict, card: Callable[[Path, dict, dict], ModuleCard]
+) -> None:
+    """The card of a trained MTP adapter or SpecBlock drafter: ``training.json``,
+    ``metrics.json``, ``loss_curve.png`` and ``README.md`` (``card(out_dir, log, metrics)``), all
+    from one log and one set of metrics so the card cannot disagree with the JSON beside it."""
+    out_dir = Path(out_dir)
+    (out_dir / TRAINING_JSON).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
+    (out_dir / METRICS_JSON).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
+    text = card(out_dir, log, metrics)
+    plot_losses(log["losses"], text.loss_title, out_dir / LOSS_PNG)
+    (out_dir / "README.md").write_text(text.render(log["command"]), encoding="utf-8")

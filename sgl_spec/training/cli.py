@@ -2,11 +2,12 @@
 (``python -m sgl_spec.mtp.train``, ``python -m sgl_spec.specblock.train``).
 
 Both train a small module on a frozen target's own greedy continuations, so they share the run's
-flags (same names, meanings and defaults unless a CLI passes its own), the frozen target, the
-train/eval greedy data, the card name, the reproduce command, where the resumable checkpoint
-lives, the timed held-out evaluation of the stored module, the entries of ``training.json`` both
-write and the closing card-and-report step. Each CLI adds its own flags in its own argument group
-and keeps its own ``run``, which lays out its ``training.json`` from these entries.
+flags (same names, meanings and defaults unless a CLI passes its own) and the train-config fields
+those set, the frozen target, the train/eval greedy data, the card name, the reproduce command,
+where the resumable checkpoint lives, the timed held-out evaluation of the stored module, the
+entries of ``training.json`` both write and the closing card-and-report step. Each CLI adds its
+own flags in its own argument group and keeps its own ``run``, which lays out its
+``training.json`` from these entries.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from sgl_spec.models.registry import DEFAULT_TARGET, NAMESPACE, resolve_model_path
 from sgl_spec.models.train import DEFAULT_WORK
+from sgl_spec.training.card import ModuleCard, write_card_files
 from sgl_spec.training.greedy_data import GreedySpec, greedy_dataset
 from sgl_spec.training.loop import RunOptions
 
@@ -74,6 +76,19 @@ def run_main(
     args.argv = list(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(args.threads)
     return run(args)
+
+
+def schedule_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ScheduleConfig`` fields the shared flags set (``--fp32`` turns bf16 autocast off);
+    a CLI's train config adds its own fields and keeps its recipe's defaults for the rest."""
+    return {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "warmup_steps": args.warmup_steps,
+        "seed": args.seed,
+        "bf16_autocast": not args.fp32,
+    }
 
 
 def reproduce_command(prog: str, args: argparse.Namespace) -> str:
@@ -195,11 +210,12 @@ def write_card_and_report(
     out: Path,
     record: dict,
     metrics: dict,
-    write_card: Callable[[Path, dict, dict], None],
+    card: Callable[[Path, dict, dict], ModuleCard],
     message: str,
 ) -> dict:
-    """The card into ``out`` (``write_card``: ``training.json``, ``metrics.json``, plot and
-    README), then ``message``; returns the record with the metrics, what ``main`` returns."""
-    write_card(out, record, metrics)
+    """The card into ``out`` (``training.json``, ``metrics.json``, plot and the README that
+    ``card(out, record, metrics)`` says), then ``message``; returns the record with the metrics,
+    what ``main`` returns."""
+    write_card_files(out, record, metrics, card)
     print(message, flush=True)
     return {**record, "metrics": metrics}

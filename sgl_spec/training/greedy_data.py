@@ -8,6 +8,9 @@ target's fp32 greedy continuations of them. Along such a sequence ``x``, the tar
 continuation after any prefix ``x[0..p]`` is ``x[p+1..]`` itself, so the label of mask ``j`` of
 anchor ``p`` is simply ``x[p+j+1]``.
 
+``greedy_continuation`` is also what the shipped draft's held-out agreement is measured along
+(``sgl_spec.models.build.evaluate``).
+
 Generation is the expensive part on a CPU, so it is cached under ``~/.cache/sgl_spec/mtp/`` in
 chunks keyed by the target's weights, the corpus file and every generation parameter; an
 interrupted run picks up at the first missing chunk.
@@ -90,14 +93,28 @@ def prompt_windows(
 
 
 @torch.no_grad()
+def greedy_continuation(
+    model: torch.nn.Module,
+    prompts: torch.Tensor,  # [n, prompt_len]
+    num_new: int,
+) -> torch.Tensor:
+    """The model's greedy continuation with a KV cache, never stopping early: ``[n, num_new]``."""
+    out = model(input_ids=prompts, use_cache=True)
+    cache, tokens = out.past_key_values, []
+    next_tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [n, 1]
+    for _ in range(num_new):
+        tokens.append(next_tok)
+        out = model(input_ids=next_tok, past_key_values=cache, use_cache=True)
+        cache, next_tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    return torch.cat(tokens, dim=1)
+
+
 def greedy_extend(
     model: torch.nn.Module,
     prompts: torch.Tensor,  # [n, prompt_len]
     num_new: int,
 ) -> torch.Tensor:  # [n, prompt_len + num_new]
     """Prompts followed by the model's greedy continuation (KV cache, never stopping early)."""
-    from sgl_spec.models.build.evaluate import greedy_continuation
-
     return torch.cat([prompts, greedy_continuation(model, prompts, num_new)], dim=1)
 
 

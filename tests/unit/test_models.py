@@ -11,11 +11,11 @@ import torch
 
 from sgl_spec.models.build import corpus, specs
 from sgl_spec.models.build.data import encode_stream, sample_batch
-from sgl_spec.models.build.evaluate import acceptance_rates, expected_acceptance_length
 from sgl_spec.models.build.export import load_model_dir
 from sgl_spec.models.build.tokenizer import RESERVED_TOKENS, SPECIAL_TOKENS, load_tokenizer
 from sgl_spec.models.build.trainer import TrainConfig, lm_loss, train
 from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, is_shipped, resolve_model_path
+from sgl_spec.training.acceptance import acceptance_rates, expected_acceptance_length
 
 PROMPT = "import os\n\n\ndef read_file(path):\n    with open(path) as f:\n"
 

@@ -10,7 +10,6 @@ import math
 import pytest
 import torch
 
-from sgl_spec.models.build.evaluate import greedy_continuation
 from sgl_spec.models.build.export import load_model_dir
 from sgl_spec.specblock.layout import IGNORE_INDEX, block_labels, chain_attention_mask
 from sgl_spec.specblock.mask import block_attention_mask, cross_block_visibility
@@ -38,6 +37,7 @@ from sgl_spec.specblock.training.trainer import (
     step_loss,
     train_drafter,
 )
+from sgl_spec.training.greedy_data import greedy_continuation
 from sgl_spec.training.loop import RunOptions
 from tests.helpers.tiny_models import (
     SPECBLOCK_D,

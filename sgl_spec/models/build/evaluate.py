@@ -4,7 +4,8 @@ alpha_k is what speculative decoding actually gets from the pair: the probabilit
 draft's k-th greedy token equals the target's k-th greedy token given the first k-1 matched.
 When the first k-1 matched, the draft's own inputs *are* the target's greedy tokens, so one
 teacher-forced draft forward over the target's greedy continuation gives every alpha_k at once,
-averaged over all draft start positions. Everything runs in fp32 on the stored weights.
+averaged over all draft start positions (``sgl_spec.training.acceptance``, shared with the
+adapter and drafter evaluations). Everything runs in fp32 on the stored weights.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 from sgl_spec.models.build.data import eval_windows
 from sgl_spec.models.build.export import load_model_dir, weights_megabytes
 from sgl_spec.models.build.specs import count_parameters
+from sgl_spec.training.acceptance import acceptance_rates, expected_acceptance_length
+from sgl_spec.training.greedy_data import greedy_continuation
 
 
 @torch.no_grad()
@@ -43,56 +46,6 @@ def next_token_metrics(
         "perplexity": float(torch.exp(torch.tensor(total_nll / count))),
         "num_tokens": count,
     }
-
-
-@torch.no_grad()
-def greedy_continuation(
-    model: torch.nn.Module,
-    prompts: torch.Tensor,  # [n, prompt_len]
-    num_new: int,
-) -> torch.Tensor:
-    """The model's greedy continuation with a KV cache, never stopping early: ``[n, num_new]``."""
-    out = model(input_ids=prompts, use_cache=True)
-    cache, tokens = out.past_key_values, []
-    next_tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [n, 1]
-    for _ in range(num_new):
-        tokens.append(next_tok)
-        out = model(input_ids=next_tok, past_key_values=cache, use_cache=True)
-        cache, next_tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    return torch.cat(tokens, dim=1)
-
-
-def acceptance_rates(
-    matches: torch.Tensor,  # [n, g] bool: draft argmax == target token, per continuation position
-    max_k: int,
-) -> list[float]:
-    """alpha_1..alpha_max_k from a match matrix, averaged over every start position.
-
-    For a start ``s`` and depth ``k``, the event counted is ``matches[s+k-1]`` among the starts
-    where ``matches[s : s+k-1]`` all hold.
-    """
-    n, g = matches.shape
-    if g < max_k:
-        raise ValueError(f"continuation of {g} tokens is shorter than max_k={max_k}")
-    starts = g - max_k + 1
-    prefix_ok = torch.ones(n, starts, dtype=torch.bool)
-    rates = []
-    for k in range(max_k):
-        hit = matches[:, k : k + starts]
-        eligible = int(prefix_ok.sum())
-        prefix_ok = prefix_ok & hit
-        rates.append(int(prefix_ok.sum()) / eligible if eligible else 0.0)
-    return rates
-
-
-def expected_acceptance_length(alphas: list[float]) -> list[float]:
-    """Tokens per verify step (bonus included) for chain drafts of 1..K tokens: 1 + sum of prod(alpha)."""
-    lengths, prod, acc = [], 1.0, 1.0
-    for a in alphas:
-        prod *= a
-        acc += prod
-        lengths.append(acc)
-    return lengths
 
 
 @torch.no_grad()

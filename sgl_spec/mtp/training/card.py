@@ -11,16 +11,7 @@ from pathlib import Path
 
 from sgl_spec.models.build.export import read_json
 from sgl_spec.mtp.adapter_io import CONFIG_FILE, WEIGHTS_FILE
-from sgl_spec.training.card import (
-    field_table,
-    md_table,
-    render_markdown,
-    section,
-    tail_mean,
-    training_section,
-    use_and_reproduce,
-    write_card_files,
-)
+from sgl_spec.training.card import ModuleCard, field_table, md_table, section, tail_mean
 
 
 def _rates_table(m: dict) -> str:
@@ -138,30 +129,18 @@ adapter, config = load_adapter(resolve_model_path("{name}"), target.config)
 handle = attach_to_hf_model(target, adapter)  # then: with handle.gates(gate, mask_index): ..."""
 
 
-def render_card(out_dir: Path, log: dict, metrics: dict) -> str:
-    """The markdown of the card of ``out_dir``."""
+def adapter_card(out_dir: Path, log: dict, metrics: dict) -> ModuleCard:
+    """The card of the adapter in ``out_dir``, trained as ``log`` says, with held-out ``metrics``."""
     doc = read_json(out_dir / CONFIG_FILE)
     cfg = doc["config"]
     size_mb = (out_dir / WEIGHTS_FILE).stat().st_size / 1e6
-    return render_markdown(
-        log.get("name", out_dir.name),
-        _intro(cfg),
-        [
-            _adapter(doc, log, size_mb),
-            _training_data(log["data"]),
-            training_section(log["command"], _training_run(log, metrics, cfg["k_max"])),
-            _held_out(metrics["held_out"], cfg["k_max"]),
-            *use_and_reproduce(
-                _use_code(cfg["base_model"], log.get("name", str(out_dir))),
-                log["command"],
-                "the greedy data, the adapter init and every\nbatch are functions of the seed",
-            ),
-        ],
-    )
-
-
-def write_card(out_dir: Path, log: dict, metrics: dict) -> None:
-    """``training.json``, ``metrics.json``, ``loss_curve.png`` and ``README.md`` into ``out_dir``."""
-    write_card_files(
-        out_dir, log, metrics, loss_title="MTP adapter: training loss (masks)", render=render_card
+    return ModuleCard(
+        title=log.get("name", out_dir.name),
+        intro=_intro(cfg),
+        sections=[_adapter(doc, log, size_mb), _training_data(log["data"])],
+        run=_training_run(log, metrics, cfg["k_max"]),
+        held_out=_held_out(metrics["held_out"], cfg["k_max"]),
+        use=_use_code(cfg["base_model"], log.get("name", str(out_dir))),
+        seeded="the greedy data, the adapter init and every\nbatch are functions of the seed",
+        loss_title="MTP adapter: training loss (masks)",
     )

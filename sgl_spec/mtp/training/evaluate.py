@@ -11,6 +11,7 @@ the generated part is an anchor; mask ``j`` of anchor ``p`` is correct when its 
   (bonus token included) when the drafts of a step are the masks of the last accepted anchor
   (paper §4.3); for ``k = 1..k_max``.
 
+The chain rates are ``sgl_spec.training.acceptance``'s (the masks of an anchor are its chain).
 Everything runs in fp32 on the stored adapter weights.
 """
 
@@ -23,20 +24,15 @@ import torch
 from sgl_spec.mtp.gated_lora import MtpHandle
 from sgl_spec.mtp.layout import training_layout
 from sgl_spec.mtp.training.trainer import mask_logits
+from sgl_spec.training.acceptance import prefix_rates, round_rates
 
 
 def agreement_rates(correct: torch.Tensor) -> dict:  # correct: [num_anchors, k] bool
     """The rates of the module docstring from a per-anchor, per-slot correctness matrix."""
     c = correct.reshape(-1, correct.shape[-1])
-    marginal = c.float().mean(0)
-    prefix = c.long().cumprod(-1).float().mean(0)
-    before = torch.cat([torch.ones(1), prefix[:-1]])
-    conditional = torch.where(before > 0, prefix / before.clamp_min(1e-12), torch.zeros(()))
     return {
-        "mask_correct": [round(float(x), 4) for x in marginal],
-        "prefix_correct": [round(float(x), 4) for x in prefix],
-        "conditional": [round(float(x), 4) for x in conditional],
-        "expected_acceptance_length": [round(1 + float(x), 4) for x in prefix.cumsum(0)],
+        "mask_correct": round_rates(c.float().mean(0)),
+        **prefix_rates(c),
         "num_anchors": int(c.shape[0]),
     }
 

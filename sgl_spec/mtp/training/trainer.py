@@ -12,7 +12,7 @@ through the sequence part.
 
 Determinism: the adapter init depends only on the seed, the batch of step ``s`` only on
 ``(seed, s)``; a resumed run continues bit-exactly. The loop itself (LR schedule, clipping,
-checkpoints, resume checks) is shared with the SpecBlock trainer (``sgl_spec.training.loop``).
+checkpoints, resume checks) is the one every trainer runs (``sgl_spec.training.loop``).
 """
 
 from __future__ import annotations
@@ -26,35 +26,27 @@ import torch.nn.functional as F
 from sgl_spec.models.build.data import batch_generator
 from sgl_spec.mtp.gated_lora import MtpAdapter, MtpHandle
 from sgl_spec.mtp.layout import IGNORE_INDEX, TrainingLayout, additive_mask, training_layout
+from sgl_spec.training.checkpoint import ModuleCheckpoint
 from sgl_spec.training.loop import RunOptions, train_loop
+from sgl_spec.training.schedule import ScheduleConfig
 
 
-@dataclass(frozen=True)
-class MtpTrainConfig:
-    """Optimisation hyper-parameters; stored in the checkpoint and checked on ``--resume``.
+@dataclass(frozen=True, kw_only=True)
+class MtpTrainConfig(ScheduleConfig):
+    """The adapter's optimisation hyper-parameters (``ScheduleConfig`` with the adapter's recipe)
+    and where its anchors lie; stored in the checkpoint and checked on ``--resume``."""
 
-    Field names match ``sgl_spec.models.build.trainer.TrainConfig`` where they mean the same, so its
-    ``lr_at`` (warm-up / constant / cosine) and ``check_resumable`` apply unchanged.
-    """
-
-    steps: int
-    batch_size: int = 8
-    anchors_per_seq: int = 48
-    first_anchor: int = 63  # prompt_len - 1: anchors in the target-written part only
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     decay_fraction: float = 0.3
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    bf16_autocast: bool = True
+    anchors_per_seq: int = 48
+    first_anchor: int = 63  # prompt_len - 1: anchors in the target-written part only
 
     def __post_init__(self) -> None:
-        if min(self.steps, self.batch_size, self.anchors_per_seq) <= 0 or self.first_anchor < 0:
-            raise ValueError(
-                f"steps, batch_size, anchors_per_seq must be positive, first_anchor >= 0: {self}"
-            )
+        super().__post_init__()
+        if self.anchors_per_seq <= 0 or self.first_anchor < 0:
+            raise ValueError(f"anchors_per_seq must be positive, first_anchor >= 0: {self}")
 
 
 def sample_step(
@@ -158,8 +150,10 @@ def train_adapter(
         adapter.parameters(),
         cfg,
         log_keys=["losses_per_j"],
-        state_fn=lambda: {"adapter": adapter.state_dict()},
-        restore_fn=lambda state: adapter.load_state_dict(state["adapter"]),
+        module=ModuleCheckpoint(
+            entries=lambda: {"adapter": adapter.state_dict()},
+            restore=lambda state: adapter.load_state_dict(state["adapter"]),
+        ),
         desc="train mtp",
         postfix=lambda values: {"mask1": f"{values['losses_per_j'][0]:.3f}"},
         options=options,

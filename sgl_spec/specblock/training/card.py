@@ -12,16 +12,7 @@ import math
 from pathlib import Path
 
 from sgl_spec.specblock.config import WEIGHTS_NAME
-from sgl_spec.training.card import (
-    field_table,
-    md_table,
-    render_markdown,
-    section,
-    tail_mean,
-    training_section,
-    use_and_reproduce,
-    write_card_files,
-)
+from sgl_spec.training.card import ModuleCard, field_table, md_table, section, tail_mean
 
 _BUCKET_NAMES = ("b0 (rank 1)", "b1 (rank 2-4)", "b2 (rank 5-10)", "b3 (rank > 10)")
 
@@ -183,36 +174,19 @@ calls).""",
     )
 
 
-def render_card(out_dir: Path, log: dict, metrics: dict) -> str:
-    """The markdown of the card of ``out_dir``."""
-    size_mb = (out_dir / WEIGHTS_NAME).stat().st_size / 1e6
-    use = (
-        "from sgl_spec.specblock.model import SpecBlockDrafter\n\n"
-        f'drafter = SpecBlockDrafter.from_pretrained("{out_dir}")'
-    )
-    return render_markdown(
-        log["name"],
-        _intro(log),
-        [
-            _drafter(log, size_mb),
+def drafter_card(out_dir: Path, log: dict, metrics: dict) -> ModuleCard:
+    """The card of the drafter in ``out_dir``, trained as ``log`` says, with held-out ``metrics``."""
+    return ModuleCard(
+        title=log["name"],
+        intro=_intro(log),
+        sections=[
+            _drafter(log, (out_dir / WEIGHTS_NAME).stat().st_size / 1e6),
             _training_data(log["data"], log["train_config"]["num_blocks"]),
-            training_section(log["command"], _training_run(log, metrics)),
-            _held_out(metrics["held_out"]),
-            *use_and_reproduce(
-                use,
-                log["command"],
-                "greedy data, drafter init and every batch and\ncut are functions of the seed",
-            ),
         ],
-    )
-
-
-def write_card(out_dir: Path, log: dict, metrics: dict) -> None:
-    """``training.json``, ``metrics.json``, ``loss_curve.png`` and ``README.md`` into ``out_dir``."""
-    write_card_files(
-        out_dir,
-        log,
-        metrics,
+        run=_training_run(log, metrics),
+        held_out=_held_out(metrics["held_out"]),
+        use="from sgl_spec.specblock.model import SpecBlockDrafter\n\n"
+        f'drafter = SpecBlockDrafter.from_pretrained("{out_dir}")',
+        seeded="greedy data, drafter init and every batch and\ncut are functions of the seed",
         loss_title="SpecBlock drafter: training loss (Eq. 7)",
-        render=render_card,
     )

@@ -16,8 +16,9 @@ block 0 was fully accepted"). Chain position ``k`` is right when its argmax is `
   positions right), the accuracy of the predicted bucket, and per bucket its frequency,
   precision and recall.
 
-Everything runs in fp32, with the block layout of training (``trainer.chain_forward``), which
-equals block-by-block inference (see the tests).
+The chain rates are ``sgl_spec.training.acceptance``'s. Everything runs in fp32, with the block
+layout of training (``trainer.chain_forward``), which equals block-by-block inference (see the
+tests).
 """
 
 from __future__ import annotations
@@ -29,17 +30,16 @@ from sgl_spec.specblock.rank import NUM_BUCKETS
 from sgl_spec.specblock.training.data import aux_hidden_states
 from sgl_spec.specblock.training.losses import bucket_labels, target_to_draft_map, to_draft_ids
 from sgl_spec.specblock.training.trainer import chain_forward
+from sgl_spec.training.acceptance import prefix_hits, prefix_rates
 
 
 def chain_rates(correct: torch.Tensor) -> dict:  # correct: [num_chains, depth] bool
     """``alpha``, ``prefix_correct`` and ``expected_acceptance_length`` (module docstring)."""
-    prefix = correct.long().cumprod(-1).float().mean(0)  # [depth]
-    before = torch.cat([torch.ones(1), prefix[:-1]])
-    alpha = torch.where(before > 0, prefix / before.clamp_min(1e-12), torch.zeros(()))
+    rates = prefix_rates(correct)
     return {
-        "alpha": [round(float(x), 4) for x in alpha],
-        "prefix_correct": [round(float(x), 4) for x in prefix],
-        "expected_acceptance_length": [round(1 + float(x), 4) for x in prefix.cumsum(0)],
+        "alpha": rates["conditional"],
+        "prefix_correct": rates["prefix_correct"],
+        "expected_acceptance_length": rates["expected_acceptance_length"],
     }
 
 
@@ -47,7 +47,7 @@ def replay_tau(correct: torch.Tensor) -> tuple[int, int]:  # correct: [n, C, dep
     """Greedy decoding replayed along each sequence: from chain ``i`` the verifier accepts the
     leading right drafts ``a`` plus the bonus token, and the next chain starts at ``i + a + 1``.
     Returns (tokens committed, verifier calls); ``tau`` is their ratio."""
-    accepted = correct.long().cumprod(-1).sum(-1).tolist()  # [n, C]
+    accepted = prefix_hits(correct).sum(-1).tolist()  # [n, C]
     tokens = calls = 0
     for row in accepted:
         i = 0

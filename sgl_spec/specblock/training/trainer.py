@@ -10,7 +10,7 @@ distribution is stable).
 
 Determinism: the drafter init depends only on the seed, a step's sequences and cuts only on
 ``(seed, step)``; a resumed run continues bit-exactly. The loop itself (LR schedule, clipping,
-checkpoints, resume checks) is shared with the MTP trainer (``sgl_spec.training.loop``).
+checkpoints, resume checks) is the one every trainer runs (``sgl_spec.training.loop``).
 """
 
 from __future__ import annotations
@@ -33,42 +33,36 @@ from sgl_spec.specblock.layout import (
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.training.data import aux_hidden_states
 from sgl_spec.specblock.training.losses import LossBreakdown, chain_loss, target_to_draft_map
+from sgl_spec.training.checkpoint import ModuleCheckpoint
 from sgl_spec.training.loop import RunOptions, train_loop
+from sgl_spec.training.schedule import ScheduleConfig
 
 
-@dataclass(frozen=True)
-class SpecBlockTrainConfig:
-    """Optimisation hyper-parameters; stored in the checkpoint and checked on ``--resume``.
+@dataclass(frozen=True, kw_only=True)
+class SpecBlockTrainConfig(ScheduleConfig):
+    """The drafter's optimisation hyper-parameters (``ScheduleConfig`` with the drafter's recipe:
+    PyTorch's default AdamW betas and the paper's gradient clip of 0.5, §4.1, App. A.1) and its
+    chain layout; stored in the checkpoint and checked on ``--resume``. ``batch_size`` counts
+    sequences; every chain of each is trained."""
 
-    Field names match ``sgl_spec.models.build.trainer.TrainConfig`` where they mean the same, so its
-    ``lr_at`` (warm-up / constant / cosine) and ``check_resumable`` apply unchanged. AdamW keeps
-    PyTorch's default betas and the paper's gradient clip of 0.5 (§4.1, App. A.1).
-    """
-
-    steps: int
-    batch_size: int = 8  # sequences per step; every chain of each is trained
-    first_start: int = 63  # prompt_len - 1: chains start in the target-written part only
-    num_blocks: int = 2  # M blocks per training chain (cross-block training, §3.3)
     lr: float = 1e-3
-    min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     decay_fraction: float = 0.3
     weight_decay: float = 0.01
     grad_clip: float = 0.5
+    first_start: int = 63  # prompt_len - 1: chains start in the target-written part only
+    num_blocks: int = 2  # M blocks per training chain (cross-block training, §3.3)
     rank_warmup_steps: int = 100
     # W_shift's learning rate as a share of ``lr``: the shift sits on the residual stream itself
     # (Eq. 3 replaces it between layers), so Adam's per-element steps there scramble every
     # position's state, where the same steps inside a normalised residual branch do not
     shift_lr_scale: float = 1.0
     valid_prefix: bool = True  # False: the Table 2 "- valid-prefix curriculum" ablation
-    seed: int = 0
-    bf16_autocast: bool = True
 
     def __post_init__(self) -> None:
-        if min(self.steps, self.batch_size, self.num_blocks) <= 0 or self.first_start < 0:
-            raise ValueError(
-                f"steps, batch_size, num_blocks must be positive, first_start >= 0: {self}"
-            )
+        super().__post_init__()
+        if self.num_blocks <= 0 or self.first_start < 0:
+            raise ValueError(f"num_blocks must be positive, first_start >= 0: {self}")
         if not self.shift_lr_scale > 0:
             raise ValueError(f"shift_lr_scale must be > 0, got {self.shift_lr_scale}")
         if self.rank_warmup_steps < 0:
@@ -253,11 +247,13 @@ def train_drafter(
         params,
         cfg,
         log_keys=["draft_losses", "rank_losses", "per_slot", "accepted"],
-        state_fn=lambda: {
-            "drafter": drafter.state_dict(),
-            "drafter_config": drafter.config.to_dict(),
-        },
-        restore_fn=restore,
+        module=ModuleCheckpoint(
+            entries=lambda: {
+                "drafter": drafter.state_dict(),
+                "drafter_config": drafter.config.to_dict(),
+            },
+            restore=restore,
+        ),
         desc="train specblock",
         options=options,
     )

@@ -13,8 +13,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from sgl_spec.common.draft_input import CarriedDraftInput
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
@@ -43,13 +41,7 @@ class ChainDraftWorker(TargetWrappingWorker):
         raise NotImplementedError
 
     def forward_prefill(self, batch: Any) -> Any:
-        result = self._target_worker.forward_batch_generation(batch)
-        result.new_seq_lens = batch.seq_lens
-        if isinstance(result.next_token_ids, torch.Tensor):  # sampled (not a prefill chunk)
-            result.next_draft_input = CarriedDraftInput.carried(
-                result.next_token_ids, batch.seq_lens
-            )
-        return result
+        return self.prefill_target(batch, CarriedDraftInput.carried)
 
     def forward_decode(self, batch: Any) -> Any:
         tic = time.perf_counter()

@@ -83,15 +83,24 @@ def module_shapes(build: Any) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in module.state_dict().items()}
 
 
+def read_json(file: Path, error: type[ValueError] = ValueError) -> Any:
+    """The JSON document in ``file``; ``error`` naming the file where it cannot be read or
+    parsed (``OSError``, bad UTF-8, bad JSON all mean the same to a caller: unusable)."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{file} is not readable JSON: {exc}") from exc
+
+
 def read_model_config(path: str, flag: str) -> dict[str, Any]:
     """``path/config.json`` of a model directory, as a dict with a ``model_type``."""
     file = Path(path) / "config.json"
     if not file.is_file():
         raise ValueError(f"{flag}: {path} has no config.json (not a model directory)")
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{flag}: {file} is not readable JSON: {exc}") from None
+        config = read_json(file)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ValueError(f"{flag}: {file} has no model_type (not a transformers config)")
     return config

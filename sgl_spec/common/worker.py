@@ -8,12 +8,15 @@ or a draft-server process).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from sgl_spec.common.draft_input import CarriedDraftInput
 from sgl_spec.common.metrics import SpecMetrics
 
 
@@ -51,6 +54,27 @@ class TargetWrappingWorker(BaseSpecWorker):
 
     def forward_prefill(self, batch: Any) -> Any:
         raise NotImplementedError
+
+    def prefill_target(
+        self,
+        batch: Any,
+        carried: Callable[[torch.Tensor, torch.Tensor], CarriedDraftInput],
+        capture_hidden: bool = False,
+    ) -> Any:
+        """SGLang's plain target extend of ``batch``, with the state a decode step starts from:
+        the committed lengths, and ``carried(sampled ids, seq_lens)`` where the batch sampled
+        (not the non-final chunk of a chunked prefill). ``capture_hidden`` keeps every row's
+        hidden states in ``result.logits_output.hidden_states`` for the caller."""
+        if capture_hidden:
+            result = self._target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL
+            )
+        else:
+            result = self._target_worker.forward_batch_generation(batch)
+        result.new_seq_lens = batch.seq_lens
+        if isinstance(result.next_token_ids, torch.Tensor):
+            result.next_draft_input = carried(result.next_token_ids, batch.seq_lens)
+        return result
 
     def forward_decode(self, batch: Any) -> Any:
         raise NotImplementedError

@@ -42,7 +42,6 @@ import time
 import numpy as np
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
@@ -101,20 +100,13 @@ class MineDraftWorker(TargetWrappingWorker):
     # ---- entry point -------------------------------------------------------------------------
 
     def forward_prefill(self, batch) -> GenerationBatchResult:
-        if self.features is None:
-            result = self._target_worker.forward_batch_generation(batch)
-        else:
-            result = self._target_worker.forward_batch_generation(
-                batch, capture_hidden_mode=CaptureHiddenMode.FULL
-            )
+        result = self.prefill_target(
+            batch, MineDraftDraftInput.carried, capture_hidden=self.features is not None
+        )
+        if self.features is not None:  # the SpecBlock drafter's features of every new position
             hidden = result.logits_output.hidden_states
             result.logits_output.hidden_states = None
             self.features.store(batch.out_cache_loc, hidden)
-        result.new_seq_lens = batch.seq_lens
-        if isinstance(result.next_token_ids, torch.Tensor):
-            result.next_draft_input = MineDraftDraftInput.carried(
-                result.next_token_ids, batch.seq_lens
-            )
         return result
 
     # ---- decode: two phases ------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sgl_spec.common.checkpoints import read_json
 from sgl_spec.mtp.config import AdapterError, BaseDims, MtpAdapterConfig
 
 if TYPE_CHECKING:
@@ -67,10 +68,7 @@ def read_adapter_config(path: str | Path) -> tuple[MtpAdapterConfig, BaseDims, d
     file = directory / CONFIG_FILE
     if not file.is_file():
         raise AdapterError(f"{file} is missing (not an MTP adapter directory)")
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AdapterError(f"{file} is not readable JSON: {e}") from e
+    doc = read_json(file, AdapterError)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise AdapterError(f"{file}: 'format' must be {FORMAT!r}")
     if doc.get("format_version") != FORMAT_VERSION:

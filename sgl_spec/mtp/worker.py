@@ -102,13 +102,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         self.set_verify_shape(self.k_max, (self.k_max + 1) ** 2)
 
     def forward_prefill(self, batch) -> GenerationBatchResult:
-        result = self._target_worker.forward_batch_generation(batch)
-        result.new_seq_lens = batch.seq_lens
-        if isinstance(result.next_token_ids, torch.Tensor):
-            result.next_draft_input = MtpDraftInput.after_prefill(
-                result.next_token_ids, batch.seq_lens
-            )
-        return result
+        return self.prefill_target(batch, MtpDraftInput.after_prefill)
 
     # ---- decode step -------------------------------------------------------------------------
 

@@ -64,7 +64,10 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
-    "standalone": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
+    # sgl-spec's STANDALONE_FULL (SGLang's STANDALONE, the draft reading the whole sequence)
+    "standalone": Algorithm(("--speculative-algorithm", "STANDALONE_FULL"), CHAIN_DEFAULTS),
+    # SGLang's own STANDALONE (EAGLE's shifted draft layout), for comparison
+    "standalone_sglang": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
     # fixed k (the shipped adapter's k_max is 4); --mtp-k on the command line overrides it
     "mtp_lora": Algorithm(
         ("--speculative-algorithm", "MTP_LORA"), (("--mtp-k", "2"),), own_speculative_flags=True
@@ -108,10 +111,10 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "MINEDRAFT", "--minedraft-overlap", "off"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
-    # STANDALONE held to one core (SGLang's CPU thread binding): with "minedraft" on a 2-core
-    # host this is the paper's setting, the same target device plus one extra for drafting
+    # STANDALONE_FULL held to one core (SGLang's CPU thread binding): with "minedraft" on a
+    # 2-core host this is the paper's setting, the same target device plus one for drafting
     "standalone-1core": Algorithm(
-        ("--speculative-algorithm", "STANDALONE"),
+        ("--speculative-algorithm", "STANDALONE_FULL"),
         CHAIN_DEFAULTS,
         env=(("SGLANG_CPU_OMP_THREADS_BIND", "0"),),
     ),
@@ -336,7 +339,7 @@ def server_flags(algorithm: str, extra: list[str]) -> list[str]:
     spec = ALGORITHMS[algorithm]
     if model_path(extra) is None:
         # Name the launcher's default target: with no --model-path at all the launcher would
-        # also turn STANDALONE on, and the "none" baseline would silently speculate.
+        # also turn speculation on, and the "none" baseline would silently speculate.
         from sgl_spec.models.registry import DEFAULT_TARGET
 
         extra = [*extra, "--model-path", DEFAULT_TARGET]

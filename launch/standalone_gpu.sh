@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# SGLang's STANDALONE speculative decoding (a small draft LM drafts a chain) on one GPU.
+# STANDALONE_FULL (SGLang's STANDALONE: a small draft LM drafts a chain; the draft reads the
+# whole sequence) on one GPU.
 # usage: launch/standalone_gpu.sh [TARGET [DRAFT]] [extra sglang / sgl-spec flags...]
 #   TARGET: a model directory, hub id or shipped name (default: the shipped sgl-spec/tiny-code)
 #   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft-narrow)
@@ -13,7 +14,7 @@ source "$(dirname "$0")/_common.sh"
 launch_parse 2 "$@"
 steps=${NUM_STEPS:-3}
 launch_uint NUM_STEPS "$steps"
-launch_exec --model-path "${POS[0]:-$SHIPPED_TARGET}" --speculative-algorithm STANDALONE \
+launch_exec --model-path "${POS[0]:-$SHIPPED_TARGET}" --speculative-algorithm STANDALONE_FULL \
     ${POS[1]:+--speculative-draft-model-path "${POS[1]}"} --speculative-num-steps "$steps" \
     --speculative-eagle-topk 1 --speculative-num-draft-tokens "$((steps + 1))" \
     --device cuda --base-gpu-id "${GPU:-0}"

@@ -15,11 +15,14 @@ from __future__ import annotations
 import os
 
 PACKAGES = (
+    "sgl_spec.standalone",
     "sgl_spec.mtp",
     "sgl_spec.specblock",
     "sgl_spec.minedraft",
 )
 
+# What the launcher serves with no --model-path: the shipped target and draft with this one.
+DEFAULT = "STANDALONE_FULL"
 EXTRA_ENV = "SGLSPEC_EXTRA_ALGORITHMS"
 
 

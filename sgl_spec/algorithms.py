@@ -3,7 +3,7 @@
 Each implements ``sgl_spec.common.algorithm.Algorithm``; adding one is a package of its own plus
 one line in ``sgl_spec/algorithm_list.py``.
 ``prepare_launch`` is everything the launcher runs before SGLang starts: a bad launch, whichever
-the algorithm (SGLang's STANDALONE included), is refused there with a ``ConfigError`` naming the
+the algorithm (SGLang's own included, where one of ours is served as it), is refused there with a ``ConfigError`` naming the
 flag, in seconds, instead of failing once SGLang has spawned its scheduler and loaded models.
 """
 
@@ -17,15 +17,6 @@ from sgl_spec.config import ConfigError, SpecConfig, split_argv
 
 SHAPE_FLAGS = ("num_steps", "eagle_topk", "num_draft_tokens")
 CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-# What the launcher serves with no --model-path: the shipped target with SGLang's STANDALONE
-# (sgl-spec's whole-sequence draft), whose draft shape on the shipped models is a chain of 3
-# (measured best, benchmarks/RESULTS.md).
-DEFAULT_ALGORITHM = "STANDALONE"
-STANDALONE_SHIPPED_ARGV = {
-    "--speculative-num-steps": "3",
-    "--speculative-eagle-topk": "1",
-    "--speculative-num-draft-tokens": "4",
-}
 
 
 def all_algorithms() -> list[Algorithm]:
@@ -40,6 +31,14 @@ def all_algorithms() -> list[Algorithm]:
 def find(name: str | None) -> Algorithm | None:
     """Ours named ``name`` (upper case), or None (``none`` and SGLang's own algorithms)."""
     return next((a for a in all_algorithms() if a.name == name), None)
+
+
+def checker_of(name: str | None) -> Algorithm | None:
+    """Ours named ``name``, or ours served as SGLang's ``name`` (``Algorithm.runs_as``), whose
+    launch checks and shipped defaults then serve SGLang's algorithm as well."""
+    if name is None:
+        return None
+    return find(name) or next((a for a in all_algorithms() if a.runs_as == name), None)
 
 
 def register_all(config: SpecConfig) -> None:
@@ -57,23 +56,33 @@ def with_shipped_defaults(config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
 def prepare_model_args(argv: list[str]) -> list[str]:
     """SGLang's argv with the shipped models and each algorithm's settings for them filled in
     where the user gave none, and registry names resolved to directories."""
+    from sgl_spec.algorithm_list import DEFAULT
     from sgl_spec.model_defaults import fill_shipped_defaults, resolve_paths
 
-    draft_defaults = {"STANDALONE": STANDALONE_SHIPPED_ARGV}
+    draft_defaults = {}
     for algorithm in all_algorithms():
         if algorithm.uses_draft_model:
-            draft_defaults[algorithm.name] = algorithm.shipped_argv
-    return resolve_paths(fill_shipped_defaults(argv, DEFAULT_ALGORITHM, draft_defaults))
+            for name in (algorithm.name, algorithm.runs_as):
+                draft_defaults.setdefault(name or "", algorithm.shipped_argv)
+    return resolve_paths(fill_shipped_defaults(argv, DEFAULT, draft_defaults))
 
 
 def prepare_launch(argv: list[str]) -> tuple[SpecConfig, list[str]]:
     """The launcher's argv -> (our validated config, SGLang's argv): our flags split off, the
-    shipped models filled in, then ``check_launch``. Pure apart from reading the files named."""
+    shipped models filled in, ``check_launch``, then an algorithm served as one of SGLang's
+    (``Algorithm.runs_as``) renamed to it and recorded in the config. Pure apart from reading
+    the files named."""
+    from sgl_spec.argv import set_flag_value
+
     config, sglang_argv = split_argv(argv)
     sglang_argv = prepare_model_args(sglang_argv)
     launch = LaunchArgs.from_argv(sglang_argv)
     config = with_shipped_defaults(config, launch)
     check_launch(config, launch)
+    algorithm = find(launch.algorithm)
+    if algorithm is not None and algorithm.runs_as is not None:
+        sglang_argv = set_flag_value(sglang_argv, "--speculative-algorithm", algorithm.runs_as)
+        config = algorithm.mark(config)
     return config, sglang_argv
 
 
@@ -81,17 +90,15 @@ def check_launch(config: SpecConfig, launch: LaunchArgs) -> None:
     """In the launcher, before SGLang starts: a known algorithm, a device this host has,
     parallel settings it supports, every flag belonging to the chosen algorithm, and the chosen
     algorithm's check; ``ConfigError`` naming the flag or file otherwise."""
-    algorithm = find(launch.algorithm)
-    if algorithm is None:
+    algorithm = checker_of(launch.algorithm)
+    if find(launch.algorithm) is None:
         check_sglang_algorithm(launch.algorithm)
     config.check_algorithm(launch.algorithm)
     check_device(launch)
     check_parallel(launch, algorithm)
+    if algorithm is None:
+        return
     try:
-        if algorithm is None:
-            if launch.algorithm == "STANDALONE":
-                check_standalone(launch)
-            return
         for name in SHAPE_FLAGS if algorithm.own_draft_shape else ():
             if getattr(launch, name) is not None:
                 flag = "--speculative-" + name.replace("_", "-")
@@ -137,8 +144,9 @@ def check_device(launch: LaunchArgs) -> None:
 
 
 def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
-    """Ours serve one rank; STANDALONE has no DP attention; SGLang's CPU engine runs one rank
-    per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` gives each rank its cores."""
+    """Ours serve one rank unless they say otherwise (``Algorithm.single_rank``); SGLang's CPU
+    engine runs one rank per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` gives each rank
+    its cores."""
     given = [
         f"--{name.replace('_', '-')} {value}"
         for name, value in (
@@ -148,16 +156,12 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
         )
         if value != 1
     ]
+    single = algorithm is not None and algorithm.single_rank
     name = algorithm.name if algorithm is not None else launch.algorithm
-    if algorithm is not None and given:
+    if single and given:
         raise ConfigError(f"{given[0]}: {name} serves one rank for now (tp, pp and dp size 1)")
-    if launch.enable_dp_attention and (algorithm is not None or name == "STANDALONE"):
+    if single and launch.enable_dp_attention:
         raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
-    if name == "STANDALONE" and launch.pp_size != 1:
-        raise ConfigError(
-            f"--pp-size {launch.pp_size}: SGLang's pipeline parallelism drafts with EAGLE only,"
-            " not STANDALONE"
-        )
     if launch.device != "cpu" or launch.num_ranks == 1:
         return
     bind = os.environ.get(CPU_BIND_ENV, "all")
@@ -176,17 +180,6 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
             f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
             f" '|'-separated core lists in {CPU_BIND_ENV}, got {bind!r}"
         )
-
-
-def check_standalone(launch: LaunchArgs) -> None:
-    """SGLang's STANDALONE: a whole draft model in the target's tokens, and an EAGLE draft
-    shape SGLang neither rewrites silently nor crashes on mid-serving."""
-    from sgl_spec.common.checkpoints import check_draft_model
-
-    if launch.draft_model_path is None:
-        raise ConfigError("STANDALONE needs --speculative-draft-model-path (the draft model)")
-    check_draft_model(launch.draft_model_path, launch)
-    check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
 
 
 def check_eagle_shape(steps: int | None, topk: int | None, tokens: int | None) -> None:

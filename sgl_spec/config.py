@@ -32,7 +32,7 @@ CPU_FALLBACK_CHOICES = ("auto", "on", "off")
 
 @dataclass(frozen=True)
 class CoreFlags:
-    """Flags of sgl-spec itself and of SGLang's algorithms it patches."""
+    """Flags of sgl-spec itself and of the SGLang behaviour it patches for every algorithm."""
 
     cpu_defaults: str = flag(
         "auto",
@@ -46,14 +46,6 @@ class CoreFlags:
         "--sgl-spec-no-cpu-lossless-sampling",
         "Keep SGLang's CPU speculative verify, which commits argmax tokens even when"
         " sampling (not lossless); by default sgl-spec patches it to rejection sampling.",
-        kind="switch",
-    )
-    standalone_full_context: bool = flag(
-        True,
-        "--sgl-spec-standalone-shifted-draft",
-        "Keep SGLang's STANDALONE draft layout, which shifts the draft's input ids"
-        " left by one and so drops token 0 from its context; by default sgl-spec patches"
-        " the draft to see the whole sequence.",
         kind="switch",
     )
 
@@ -100,6 +92,8 @@ class _ConfigMethods:
         group = parser.add_argument_group("sgl-spec")
         for f in fields(cls):
             spec = flag_of(f)
+            if spec.kind == "internal":
+                continue
             if spec.kind == "switch":
                 group.add_argument(spec.name, dest=f.name, action="store_true", help=spec.help)
             else:
@@ -110,7 +104,10 @@ class _ConfigMethods:
         """Values the user gave, converted to each field's kind; the rest keep their default."""
         given = {}
         for f in fields(cls):
-            spec, value = flag_of(f), getattr(ns, f.name)
+            spec = flag_of(f)
+            if spec.kind == "internal":
+                continue
+            value = getattr(ns, f.name)
             if spec.kind == "switch":
                 if value:
                     given[f.name] = not f.default
@@ -169,7 +166,8 @@ def flags_markdown() -> str:
         "| flag | default | values | for |",
         "| --- | --- | --- | --- |",
     ]
-    for f in fields(SpecConfig):
+    shown = [f for f in fields(SpecConfig) if flag_of(f).kind != "internal"]
+    for f in shown:
         spec = flag_of(f)
         if spec.kind == "switch":
             values = "switch"
@@ -184,7 +182,7 @@ def flags_markdown() -> str:
         default = "off" if spec.kind == "switch" else f"`{f.default}`"
         lines.append(f"| `{spec.name}` | {default} | {values} | {owner} |")
     lines.append("")
-    for f in fields(SpecConfig):
+    for f in shown:
         spec = flag_of(f)
         lines += [f"- `{spec.name}`: {spec.help}"]
     return "\n".join(lines) + "\n"

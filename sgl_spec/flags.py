@@ -19,8 +19,9 @@ class Flag:
     """How one ``SpecConfig`` field appears on the command line (declared once, in the field's
     metadata; the parser, the namespace reader and ``docs/flags.md`` are built from it).
 
-    ``kind``: ``str`` / ``int`` / ``float`` values, or ``"switch"`` (present sets the field to
-    ``not default``); ``choices``: allowed values; ``bounds``: inclusive range of a number;
+    ``kind``: ``str`` / ``int`` / ``float`` values, ``"switch"`` (present sets the field to
+    ``not default``), or ``"internal"`` (not on the command line: set by the launcher, carried
+    to every process with the rest; ``name`` says what sets it); ``choices``: allowed values; ``bounds``: inclusive range of a number;
     ``requires``: the ``--speculative-algorithm`` the flag belongs to, when giving it with
     another algorithm is a mistake."""
 

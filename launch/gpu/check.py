@@ -15,11 +15,11 @@ skipped when the budget ran out), so a run killed at its limit still returns wha
    rounding cannot flip a random model's argmax): token ids equal to ``none``'s; on
    fixed-length requests, each server's wall time per forward step at concurrency 1, and an
    identical draft (the target itself) accepting >= 95% of the bound (``accept_bound``) for
-   STANDALONE and MINEDRAFT. On CUDA ``none`` and STANDALONE run with CUDA graphs and
+   STANDALONE_FULL and MINEDRAFT. On CUDA ``none`` and STANDALONE_FULL run with CUDA graphs and
    eager (``*_eager``), so the graphs' gain is measured and their outputs checked; MINEDRAFT's
    draft runs on the second GPU, or on the CPU where there is one GPU.
 4. ``bench``: the bench preset's servers side by side (``none`` eager and with graphs,
-   STANDALONE / MINEDRAFT (two GPUs only) with the identical draft, MTP_LORA k = 2,
+   STANDALONE_FULL / MINEDRAFT (two GPUs only) with the identical draft, MTP_LORA k = 2,
    SPECBLOCK), rounds of concurrency 1 and 16 in ABBA order: throughput ratio to ``none``, accept length, wall time
    per step, greedy equality with ``none``.
 
@@ -84,7 +84,7 @@ def variants(
         md_device = ["--speculative-draft-device", "cpu:1"]
     minedraft = ["--speculative-algorithm", "MINEDRAFT", "--speculative-num-steps", "3",
                  "--speculative-num-draft-tokens", str(DRAFT_TOKENS), *md_device]  # fmt: skip
-    standalone = ["--speculative-algorithm", "STANDALONE", *CHAIN]
+    standalone = ["--speculative-algorithm", "STANDALONE_FULL", *CHAIN]
     out: dict[str, tuple[list[str], float]] = {"none": ([], 0.0)}
     if cuda:
         out["none_eager"] = (EAGER, 0.0)

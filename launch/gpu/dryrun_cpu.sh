@@ -4,7 +4,7 @@
 #      GPU machine holds (torch 2.11's CUDA wheel, triton 3.6, transformers 5.17, ...);
 #   2. WORK/kit: launch/gpu/build_kit.sh, the wheels that machine lacks;
 #   3. WORK/venv: launch/gpu/install_kit.sh, offline, layered over WORK/base;
-#   4. `WORK/venv/bin/python -m sgl_spec.launch_server` (the shipped models, STANDALONE) on the
+#   4. `WORK/venv/bin/python -m sgl_spec.launch_server` (the shipped models, STANDALONE_FULL) on the
 #      CPU serves one greedy request, whose tokens must equal those of ./setup.sh's .venv when
 #      it is there; with --smoke, also launch/gpu/smoke.py on the CPU (tiny models).
 #   With --check instead of 4: launch/gpu/check.sh (install + check.py, tiny models) timed

@@ -8,7 +8,7 @@ log's tail) / skipped, a failure never stopping the later steps:
 1. ``env``: torch, CUDA devices, whether the compiled ``sgl_kernel`` or sgl-spec's PyTorch ops
    serve, package versions.
 2. ``models``: random-weight models of the preset's shape (``make_models.py``).
-3. ``lossless``: ``none`` serves short code prompts greedily (token ids); STANDALONE (small
+3. ``lossless``: ``none`` serves short code prompts greedily (token ids); STANDALONE_FULL (small
    draft, and the target as its own draft), MTP_LORA (k = 2), SPECBLOCK and MINEDRAFT (own
    draft process, on the second GPU when there is one, and the identical draft) serve the same
    prompts: token ids must equal ``none``'s, and each identical draft must accept >= 95% of
@@ -202,7 +202,7 @@ def lossless_cases(models: dict, cuda: bool, gpus: int) -> dict[str, tuple[list[
         "standalone": (
             [
                 "--speculative-algorithm",
-                "STANDALONE",
+                "STANDALONE_FULL",
                 "--speculative-draft-model-path",
                 draft,
                 *CHAIN.split(),
@@ -212,7 +212,7 @@ def lossless_cases(models: dict, cuda: bool, gpus: int) -> dict[str, tuple[list[
         "standalone_identical": (
             [
                 "--speculative-algorithm",
-                "STANDALONE",
+                "STANDALONE_FULL",
                 "--speculative-draft-model-path",
                 target,
                 *CHAIN.split(),

@@ -38,7 +38,16 @@ class Algorithm(ABC):
     # verify shape would silently replace them.
     own_draft_shape: ClassVar[str | None] = None
     # Why the algorithm cannot replay CUDA graphs (logged when it turns them off).
-    cuda_graph_off_reason: ClassVar[str]
+    cuda_graph_off_reason: ClassVar[str] = ""
+    # Runtime patches the algorithm needs (modules of its package shaped like those of
+    # ``sgl_spec/patches/``: TARGET, enabled, check, apply), applied after the shared ones.
+    patches: ClassVar[tuple[str, ...]] = ()
+    # SGLang's own algorithm this one is served as (SGLang's worker, with our subclasses
+    # hooked in by ``patches``): the launcher passes SGLang that name and records the choice
+    # with ``mark``. The launch checks and shipped defaults of ours also serve SGLang's.
+    runs_as: ClassVar[str | None] = None
+    # Whether it serves one rank only (tensor, pipeline and data parallel size 1).
+    single_rank: ClassVar[bool] = True
     # This process's config, bound by ``register`` (the plugin entry point) or ``bind``.
     _config: SpecConfig | None = None
 
@@ -77,12 +86,19 @@ class Algorithm(ABC):
     def worker_class(self) -> type:
         """The worker SGLang's scheduler builds around the target worker."""
 
+    def mark(self, config: SpecConfig) -> SpecConfig:
+        """With ``runs_as``: ``config`` recording that the launch asked for this algorithm."""
+        return config
+
     def register(self, config: SpecConfig) -> None:
         """Register with SGLang, bound to this process's ``config`` (called once in every
-        process by the plugin entry point)."""
+        process by the plugin entry point). One that ``runs_as`` SGLang's own algorithm has
+        nothing to register: its ``patches`` hook it in."""
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.bind(config)
+        if self.runs_as is not None:
+            return
         spec_class = type(f"{type(self).__name__}SpecAlgo", (SglSpecAlgo,), {"algorithm": self})
         SpeculativeAlgorithm.register(self.name, supports_overlap=False, spec_class=spec_class)(
             self.bound_worker

@@ -1,6 +1,7 @@
 """Every change sgl-spec makes to upstream SGLang's behaviour, listed and applied in one place.
 
-One module per upstream target; each names the SGLang module it changes in ``TARGET``, says
+One module per upstream target (here, or in the package of the algorithm that needs it, listed by
+its ``Algorithm.patches``); each names the SGLang module it changes in ``TARGET``, says
 why in its docstring, says whether our config wants it (``enabled(config)``), checks that the
 installed SGLang still has the shape it was written against (``check()``; ``SGLANG_VERSION``)
 and applies itself (``apply()``). ``apply_patches`` runs each enabled patch's check first and
@@ -33,15 +34,20 @@ PATCHES = (
     "spec_penalties",
     "spec_row_headroom",
     "worker_kv_budget",
-    "standalone_full_context",
     "spec_internals",
 )
 
 
 def all_patches() -> list:
+    """The shared patches (``PATCHES``), then those each algorithm declares for itself
+    (``Algorithm.patches``: modules of the same shape inside its package)."""
     import importlib
 
-    return [importlib.import_module(f"sgl_spec.patches.{name}") for name in PATCHES]
+    from sgl_spec.algorithms import all_algorithms
+
+    names = [f"sgl_spec.patches.{name}" for name in PATCHES]
+    names += [module for algorithm in all_algorithms() for module in algorithm.patches]
+    return [importlib.import_module(name) for name in names]
 
 
 class PatchMismatch(RuntimeError):
@@ -62,7 +68,7 @@ def apply_patches(config: SpecConfig) -> list[str]:
     for patch in all_patches():
         if not patch.enabled(config):
             continue
-        name = patch.__name__.rsplit(".", 1)[-1]
+        name = patch.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
         try:
             patch.check()
         except Exception as exc:
@@ -88,6 +94,10 @@ def patches_markdown() -> str:
         " `check()` runs before it is applied, and the server refuses to start if the installed"
         " SGLang differs where the patch changes it; `tests/unit/test_patches.py` runs every check.",
         "",
+        # the upstream-ready source diffs of the same changes (tests/unit/test_patch_diffs.py)
+        "The same changes as source diffs against that release, written to be proposed upstream,"
+        " are in the repository's `patches/` folder (`patches/README.md`).",
+        "",
         "| patch | upstream target | what and why |",
         "| --- | --- | --- |",
     ]
@@ -95,7 +105,7 @@ def patches_markdown() -> str:
         targets = patch.TARGET if isinstance(patch.TARGET, tuple) else (patch.TARGET,)
         summary = " ".join(patch.__doc__.split("\n\n")[0].split()).removeprefix("Patch: ")
         summary = summary[:1].upper() + summary[1:]
-        name = patch.__name__.rsplit(".", 1)[-1]
+        name = patch.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
         lines.append(f"| `{name}` | {', '.join(f'`{t}`' for t in targets)} | {summary} |")
     lines.append(
         "| `cpu_kernels/boot.py` (start-up hook) | `sgl_kernel.load_utils`,"

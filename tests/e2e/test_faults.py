@@ -11,7 +11,7 @@ greedy outputs of 64 code prompts, and every speculative server must return exac
     optimizer step): the failure is logged, outputs still equal the reference, drafts are
     still accepted (the half-trained weights never reached the serving drafter), and a later
     update is applied.
-(c) an abort storm on MINEDRAFT, SPECBLOCK, MTP_LORA and STANDALONE: a third of the 64
+(c) an abort storm on MINEDRAFT, SPECBLOCK, MTP_LORA and STANDALONE_FULL: a third of the 64
     in-flight requests, drawn at random, are aborted after a random number of streamed chunks,
     half by closing the connection and half by ``/abort_request``; the others (streamed or
     not) return the reference, KV usage at idle (radix-cache entries counted free) is back to
@@ -77,7 +77,7 @@ SERVERS = {
     "mtp_lora": [*COMMON, "--speculative-algorithm", "MTP_LORA", "--mtp-k", "2"],
     "standalone": [
         *COMMON,
-        "--speculative-algorithm", "STANDALONE",
+        "--speculative-algorithm", "STANDALONE_FULL",
         "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4",

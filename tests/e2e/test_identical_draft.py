@@ -1,5 +1,5 @@
 """A draft identical to the target agrees with it on every token, so it must accept (nearly)
-the maximum: STANDALONE chain and full tree, and MINEDRAFT, on short prompts (where a draft
+the maximum: STANDALONE_FULL chain and full tree, and MINEDRAFT, on short prompts (where a draft
 that misses token 0 loses most), on the shipped model and on a random-weight one.
 
 The maximum accept length (bonus token included) is ``num_steps + 1`` for a chain; the
@@ -28,8 +28,8 @@ MINEDRAFT_CHAIN = ["--speculative-num-steps", "3", "--speculative-num-draft-toke
 FULL_TREE = ["--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
              "--speculative-num-draft-tokens", "7"]  # fmt: skip
 CASES = {  # name: (model, algorithm, shape, maximum accept length)
-    "shipped_standalone_chain": ("shipped", "STANDALONE", CHAIN, 4),
-    "shipped_standalone_tree": ("shipped", "STANDALONE", FULL_TREE, 3),
+    "shipped_standalone_chain": ("shipped", "STANDALONE_FULL", CHAIN, 4),
+    "shipped_standalone_tree": ("shipped", "STANDALONE_FULL", FULL_TREE, 3),
     "shipped_minedraft": ("shipped", "MINEDRAFT", MINEDRAFT_CHAIN, 4),
     "random_minedraft": ("random", "MINEDRAFT", MINEDRAFT_CHAIN, 4),
 }

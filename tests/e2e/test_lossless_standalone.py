@@ -1,4 +1,5 @@
-"""Lossless harness applied to SGLang's built-in STANDALONE algorithm on CPU, chain and tree.
+"""Lossless harness applied to STANDALONE_FULL (SGLang's STANDALONE with our full-context draft
+worker) on CPU, chain and tree, and SGLang's own STANDALONE where it differs.
 
 (a) greedy: baseline and speculative servers on the same fp32 model return identical token ids
     for prompts sent concurrently (one batched /generate);
@@ -69,12 +70,14 @@ ONE_STEP = [
 IDENTITY_MIN_SHARE = 0.95
 
 
-def _spec_args(target: Path, draft: Path, shape: list[str]) -> list[str]:
+def _spec_args(
+    target: Path, draft: Path, shape: list[str], algorithm: str = "STANDALONE_FULL"
+) -> list[str]:
     return [
         "--model-path",
         str(target),
         "--speculative-algorithm",
-        "STANDALONE",
+        algorithm,
         "--speculative-draft-model-path",
         str(draft),
         *shape,
@@ -96,10 +99,7 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
         "chain_identity": _spec_args(t, t, CHAIN),
         "tree_identity": _spec_args(t, t, FULL_TREE),
         "one_step_identity": _spec_args(t, t, ONE_STEP),
-        "chain_identity_shifted": [
-            *_spec_args(t, t, CHAIN),
-            "--sgl-spec-standalone-shifted-draft",
-        ],
+        "chain_identity_shifted": _spec_args(t, t, CHAIN, "STANDALONE"),
         "chain_unpatched": [*_spec_args(t, d, CHAIN), "--sgl-spec-no-cpu-lossless-sampling"],
     }
 
@@ -210,8 +210,8 @@ def test_chain_prometheus_metrics(servers) -> None:
     meta_info after traffic: enough decode steps that SGLang logs (and sets its gauges) at
     least once, whichever tests ran before; the decode log line carries our figures."""
     server = servers("chain")
-    check_spec_metrics(server, "STANDALONE", PROMPTS[:4], max_new_tokens=160, max_drafts=3)
-    assert decode_log_suffixes(server, "STANDALONE")
+    check_spec_metrics(server, "STANDALONE_FULL", PROMPTS[:4], max_new_tokens=160, max_drafts=3)
+    assert decode_log_suffixes(server, "STANDALONE_FULL")
 
 
 def test_tree_greedy_equals_baseline(servers, baseline_greedy) -> None:
@@ -235,7 +235,7 @@ def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_gr
 
 
 def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) -> None:
-    """Evidence for patch ``standalone_full_context``: with SGLang's EAGLE-shifted layout the
+    """Why STANDALONE_FULL exists: with SGLang's STANDALONE (EAGLE-shifted layout) the
     identical draft never sees token 0 and falls clearly short of the maximum on short
     prompts (measured 2.2-3.7 of 4 on this random model)."""
     accept = _identity_accept(servers, baseline_greedy, "chain_identity_shifted")

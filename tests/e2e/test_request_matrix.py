@@ -45,7 +45,7 @@ from tests.helpers.server_utils import Server, ServerPool
 
 pytestmark = pytest.mark.server
 
-ALGORITHMS = ("STANDALONE", "MTP_LORA", "SPECBLOCK", "MINEDRAFT")
+ALGORITHMS = ("STANDALONE_FULL", "MTP_LORA", "SPECBLOCK", "MINEDRAFT")
 PROMPT = "import os\nimport sys\n\n\ndef main():\n"
 MAX_NEW = 24
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}

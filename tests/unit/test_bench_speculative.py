@@ -180,7 +180,7 @@ def test_standalone_adds_algorithm_and_chain_defaults() -> None:
     )
     assert flags == [
         "--model-path", "M", "--speculative-draft-model-path", "D",
-        "--speculative-algorithm", "STANDALONE",
+        "--speculative-algorithm", "STANDALONE_FULL",
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4",
     ]  # fmt: skip

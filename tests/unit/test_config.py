@@ -124,7 +124,7 @@ def test_model_defaults_fill_only_what_is_missing() -> None:
 
     argv = prepare_model_args([])
     assert flag_value(argv, "--model-path") == resolve_model_path("sgl-spec/tiny-code")
-    assert flag_value(argv, "--speculative-algorithm") == "STANDALONE"
+    assert flag_value(argv, "--speculative-algorithm") == "STANDALONE_FULL"
     assert flag_value(argv, "--speculative-draft-model-path") == resolve_model_path(
         "sgl-spec/tiny-code-draft-narrow"
     )

@@ -74,8 +74,12 @@ def models(tiny_models, tmp_path_factory) -> dict[str, str]:
     return {name: str(path) for name, path in paths.items()}
 
 
-def standalone(draft: str, *extra: str) -> list[str]:
-    return ["--model-path", "{target}", ALG, "STANDALONE", DRAFT, f"{{{draft}}}", *CHAIN, *extra]
+def standalone(draft: str, *extra: str, algorithm: str = "STANDALONE") -> list[str]:
+    return ["--model-path", "{target}", ALG, algorithm, DRAFT, f"{{{draft}}}", *CHAIN, *extra]
+
+
+def standalone_full(draft: str, *extra: str) -> list[str]:
+    return standalone(draft, *extra, algorithm="STANDALONE_FULL")
 
 
 def minedraft(draft: str, *extra: str) -> list[str]:
@@ -101,6 +105,7 @@ def minedraft_specblock(drafter: str, *extra: str) -> list[str]:
 
 LAUNCHERS = {
     "STANDALONE": (standalone, "draft"),
+    "STANDALONE_FULL": (standalone_full, "draft"),
     "MINEDRAFT": (minedraft, "draft"),
     "MTP_LORA": (mtp, "mtp"),
     "SPECBLOCK": (specblock, "specblock"),
@@ -109,7 +114,7 @@ LAUNCHERS = {
 # The good launch of each algorithm: the cases below each change one thing in one of these.
 GOOD = {name: build(good) for name, (build, good) in LAUNCHERS.items()}
 FILES = {
-    "--speculative-draft-model-path": ("STANDALONE", "MINEDRAFT"),
+    "--speculative-draft-model-path": ("STANDALONE", "STANDALONE_FULL", "MINEDRAFT"),
     "--mtp-lora-path": ("MTP_LORA",),
     "--specblock-drafter-path": ("SPECBLOCK", "MINEDRAFT-specblock"),
 }
@@ -178,7 +183,7 @@ PARALLEL = {"--tp-size": "2", "--pp-size": "2", "--dp-size": "2", "--enable-dp-a
 for name, argv in GOOD.items():
     for flag, value in PARALLEL.items():
         extra = [flag] if value is None else [flag, value]
-        if name != "STANDALONE" or flag in ("--enable-dp-attention", "--pp-size"):
+        if not name.startswith("STANDALONE") or flag in ("--enable-dp-attention", "--pp-size"):
             CASES[f"{name}{flag}"] = ([*argv, *extra], flag)
 
 
@@ -195,7 +200,9 @@ def refusal(argv: list[str]) -> str:
 @pytest.mark.parametrize("name", sorted(GOOD))
 def test_the_good_launches_pass(name, models) -> None:
     config, sglang_argv = prepare_launch(fill([*GOOD[name], *CPU], models))
-    assert sglang_argv[sglang_argv.index(ALG) + 1] == name.split("-")[0]
+    served_as = {"STANDALONE_FULL": "STANDALONE"}  # ours, served as SGLang's (runs_as)
+    algorithm = name.split("-")[0]
+    assert sglang_argv[sglang_argv.index(ALG) + 1] == served_as.get(algorithm, algorithm)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -210,7 +217,9 @@ def test_a_parallel_flag_is_read_under_its_alias(models) -> None:
     assert "--tp-size 2" in message and "MTP_LORA" in message
 
 
-@pytest.mark.parametrize("algorithm", ["", "STANDALONE", "MTP_LORA", "SPECBLOCK", "MINEDRAFT"])
+@pytest.mark.parametrize(
+    "algorithm", ["", "STANDALONE", "STANDALONE_FULL", "MTP_LORA", "SPECBLOCK", "MINEDRAFT"]
+)
 def test_device_cuda_without_a_gpu(algorithm, monkeypatch) -> None:
     """The shipped models, so each algorithm's own check would pass; only the device is bad."""
     import torch

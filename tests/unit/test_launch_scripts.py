@@ -51,10 +51,10 @@ CASES = {
     "none_cpu.sh": Case(None, gpu=False),
     "none_gpu.sh": Case(None, gpu=True, server_args=ONE_GPU),
     "standalone_cpu.sh": Case(
-        "STANDALONE", False, STANDALONE_CHAIN, second="speculative_draft_model_path"
+        "STANDALONE_FULL", False, STANDALONE_CHAIN, second="speculative_draft_model_path"
     ),
     "standalone_gpu.sh": Case(
-        "STANDALONE",
+        "STANDALONE_FULL",
         True,
         {**STANDALONE_CHAIN, **ONE_GPU},
         second="speculative_draft_model_path",

@@ -231,7 +231,7 @@ def test_prompt_validation_wraps_sglang_validation() -> None:
 def test_standalone_full_context_window_slots_and_seq_len_shift() -> None:
     from types import SimpleNamespace
 
-    from sgl_spec.patches.standalone_draft import shift_seq_lens, window_slots
+    from sgl_spec.standalone.draft import shift_seq_lens, window_slots
 
     req_to_token = torch.arange(40, dtype=torch.int32).view(4, 10)  # row r, column c -> 10r + c
     slots = window_slots(req_to_token, torch.tensor([2, 0]), torch.tensor([3, 7]), 3)
@@ -381,3 +381,33 @@ def test_cpu_packed_linear_switch(monkeypatch) -> None:
     assert patch.kind() == expected
     monkeypatch.setenv(patch.ENV_SWITCH, "1")
     assert patch.enabled(SpecConfig())
+
+
+def test_standalone_full_is_served_as_sglang_standalone_with_our_draft_worker() -> None:
+    """The launcher passes SGLang STANDALONE for STANDALONE_FULL and records the choice;
+    SGLang's own STANDALONE is left as SGLang's. The hook (in a fresh process: it replaces
+    SGLang's class for the whole process) makes SGLang's worker build our subclass."""
+    import subprocess
+    import sys
+
+    from sgl_spec.algorithms import prepare_launch
+    from sgl_spec.argv import flag_value
+
+    cpu = ["--device", "cpu"]
+    for name, ours in (("STANDALONE_FULL", True), ("STANDALONE", False)):
+        config, argv = prepare_launch(["--speculative-algorithm", name, *cpu])
+        assert flag_value(argv, "--speculative-algorithm") == "STANDALONE"
+        assert config.standalone_full_context is ours
+    config, _ = prepare_launch(cpu)  # the launcher's default
+    assert config.standalone_full_context
+    code = (
+        "from sglang.srt.speculative import standalone_worker_v2 as m\n"
+        "upstream = [m.StandaloneDraftWorker]  # a list: the hook rebinds module globals\n"
+        "from sgl_spec.standalone import hook\n"
+        "from sgl_spec.standalone.draft import FullContextDraftWorker as F\n"
+        "hook.check(); assert hook.apply() and hook.apply()\n"
+        "assert m.StandaloneDraftWorker is F and F.__mro__[1] is upstream[0]\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]

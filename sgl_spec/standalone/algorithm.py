@@ -1,0 +1,68 @@
+"""``--speculative-algorithm STANDALONE_FULL``: SGLang's STANDALONE with the draft reading the
+whole sequence (package docstring); the launcher's default on the shipped models.
+
+Served as SGLang's STANDALONE (``runs_as``), so its launch checks and shipped-model defaults
+are SGLang's STANDALONE's as well: a whole draft model with the target's tokens, an EAGLE draft
+shape SGLang neither rewrites silently nor crashes on, no DP attention, no pipeline parallelism
+(SGLang drafts under PP with EAGLE only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sgl_spec.argv import LaunchArgs
+from sgl_spec.common.algorithm import Algorithm
+from sgl_spec.config import SpecConfig
+
+# On the shipped target and draft: a chain of 3 (measured best, benchmarks/RESULTS.md).
+SHIPPED_ARGV = {
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+
+
+class StandaloneFull(Algorithm):
+    name = "STANDALONE_FULL"
+    runs_as = "STANDALONE"
+    uses_draft_model = True
+    single_rank = False
+    shipped_argv = SHIPPED_ARGV
+    patches = ("sgl_spec.standalone.hook",)
+
+    def mark(self, config: SpecConfig) -> SpecConfig:
+        return replace(config, standalone_full_context=True)
+
+    def settings(self, config: SpecConfig, launch: LaunchArgs) -> tuple[int | None, int | None]:
+        """SGLang's STANDALONE checks; the draft shape (steps, verified tokens) as given."""
+        from sgl_spec.algorithms import check_eagle_shape
+        from sgl_spec.common.checkpoints import check_draft_model
+
+        name = launch.algorithm
+        if launch.enable_dp_attention:
+            raise ValueError(f"--enable-dp-attention: {name} does not support DP attention")
+        if launch.pp_size != 1:
+            raise ValueError(
+                f"--pp-size {launch.pp_size}: SGLang's pipeline parallelism drafts with EAGLE"
+                f" only, not {name}"
+            )
+        if launch.draft_model_path is None:
+            raise ValueError(f"{name} needs --speculative-draft-model-path (the draft model)")
+        check_draft_model(launch.draft_model_path, launch)
+        check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
+        return launch.num_steps, launch.num_draft_tokens
+
+    def verify_shape(self, settings: tuple[int | None, int | None]) -> tuple[int, int]:
+        """SGLang sizes STANDALONE's shape itself; this is the shape the launch gave."""
+        steps, tokens = settings
+        return steps or 0, tokens or 0
+
+    def worker_class(self) -> type:
+        """Our draft worker; SGLang's ``StandaloneWorkerV2`` builds it (``hook.py``)."""
+        from sgl_spec.standalone.draft import FullContextDraftWorker
+
+        return FullContextDraftWorker
+
+
+ALGORITHM = StandaloneFull()

@@ -1,0 +1,58 @@
+"""Patch: SGLang builds STANDALONE_FULL's draft worker (``draft.FullContextDraftWorker``, our
+subclass of its ``StandaloneDraftWorker``) in place of its own.
+
+Installed through SGLang's plugin hook registry (a class ``REPLACE``), so every module that
+names the upstream class, ``StandaloneWorkerV2``'s constructor included, builds ours; the
+upstream class itself is not modified. Only in a launch that asked for STANDALONE_FULL (the
+launcher records it in our config, which every process reads): ``--speculative-algorithm
+STANDALONE`` keeps SGLang's own worker. ``check()`` refuses an SGLang whose draft worker no
+longer has the methods the subclass replaces, with the parameters it was written against.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from sgl_spec.config import SpecConfig
+
+TARGET = "sglang.srt.speculative.standalone_worker_v2"
+CLASS = "StandaloneDraftWorker"
+
+
+def enabled(config: SpecConfig) -> bool:
+    return config.standalone_full_context
+
+
+def check() -> None:
+    """Raise if the pinned SGLang no longer has the shape the subclass expects."""
+    from sglang.srt.speculative import eagle_worker_common
+
+    from sgl_spec.standalone.draft import REPLACED
+
+    cls = getattr(importlib.import_module(TARGET), CLASS, None)
+    if cls is None:
+        raise RuntimeError(f"{TARGET} lacks {CLASS}: the subclass needs updating")
+    for name, expected in REPLACED.items():
+        params = set(inspect.signature(getattr(cls, name)).parameters)
+        if params != expected:
+            raise RuntimeError(f"{TARGET}.{CLASS}.{name} params: {sorted(params)}")
+    for name in ("prepare_for_draft", "prepare_for_draft_extend", "build_eagle_verify_input"):
+        if not hasattr(eagle_worker_common, name):
+            raise RuntimeError(f"eagle_worker_common lacks {name}: the subclass needs updating")
+
+
+def apply() -> bool:
+    """Register the class replacement with SGLang's hook registry and apply it now (SGLang
+    applies registered hooks after its plugins ran; applying is idempotent)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sgl_spec.standalone.draft import FullContextDraftWorker
+
+    module = importlib.import_module(TARGET)
+    if getattr(module, CLASS) is not FullContextDraftWorker:
+        HookRegistry.register(f"{TARGET}.{CLASS}", FullContextDraftWorker, HookType.REPLACE)
+        HookRegistry.apply_hooks()
+    if getattr(module, CLASS) is not FullContextDraftWorker:
+        raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{CLASS}")
+    return True

@@ -62,8 +62,8 @@ def prepare_model_args(argv: list[str]) -> list[str]:
     draft_defaults = {}
     for algorithm in all_algorithms():
         if algorithm.uses_draft_model:
-            for name in (algorithm.name, algorithm.runs_as):
-                draft_defaults.setdefault(name or "", algorithm.shipped_argv)
+            for name in filter(None, (algorithm.name, algorithm.runs_as)):
+                draft_defaults.setdefault(name, algorithm.shipped_argv)
     return resolve_paths(fill_shipped_defaults(argv, DEFAULT, draft_defaults))
 
 

@@ -142,6 +142,8 @@ def test_model_defaults_fill_only_what_is_missing() -> None:
     assert flag_value(user, "--model-path") == resolve_model_path("sgl-spec/tiny-code")
     plain = prepare_model_args(["--model-path", "sgl-spec/tiny-code"])
     assert flag_value(plain, "--speculative-algorithm") is None
+    assert flag_value(plain, "--speculative-draft-model-path") is None  # no draft without one
+    assert flag_value(plain, "--speculative-num-steps") is None
 
 
 def test_bad_model_path_names_the_flag(tmp_path) -> None:

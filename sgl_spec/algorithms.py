@@ -3,8 +3,9 @@
 Each implements ``sgl_spec.common.algorithm.Algorithm``; adding one is a package of its own plus
 one line in ``sgl_spec/algorithm_list.py``.
 ``prepare_launch`` is everything the launcher runs before SGLang starts: a bad launch, whichever
-the algorithm (SGLang's own included, where one of ours is served as it), is refused there with a ``ConfigError`` naming the
-flag, in seconds, instead of failing once SGLang has spawned its scheduler and loaded models.
+the algorithm (SGLang's own included, where one of ours is served as it), is refused there with
+a ``ConfigError`` naming the flag, in seconds, instead of failing once SGLang has spawned its
+scheduler and loaded models.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 
 
 def all_algorithms() -> list[Algorithm]:
-    """Ours, in ``sgl_spec.algorithm_list.packages()`` order (each package's ``algorithm.ALGORITHM``)."""
+    """Ours, in ``sgl_spec.algorithm_list.packages()`` order (each package's
+    ``algorithm.ALGORITHM``)."""
     import importlib
 
     from sgl_spec.algorithm_list import packages

@@ -50,6 +50,12 @@ def all_patches() -> list:
     return [importlib.import_module(name) for name in names]
 
 
+def patch_name(patch) -> str:
+    """How a patch module is named in logs, errors and docs: below ``sgl_spec.patches`` for a
+    shared one, below ``sgl_spec`` for an algorithm's own (``standalone.hook``)."""
+    return patch.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
+
+
 class PatchMismatch(RuntimeError):
     """The installed SGLang differs where a patch changes it."""
 
@@ -68,7 +74,7 @@ def apply_patches(config: SpecConfig) -> list[str]:
     for patch in all_patches():
         if not patch.enabled(config):
             continue
-        name = patch.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
+        name = patch_name(patch)
         try:
             patch.check()
         except Exception as exc:
@@ -105,7 +111,7 @@ def patches_markdown() -> str:
         targets = patch.TARGET if isinstance(patch.TARGET, tuple) else (patch.TARGET,)
         summary = " ".join(patch.__doc__.split("\n\n")[0].split()).removeprefix("Patch: ")
         summary = summary[:1].upper() + summary[1:]
-        name = patch.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
+        name = patch_name(patch)
         lines.append(f"| `{name}` | {', '.join(f'`{t}`' for t in targets)} | {summary} |")
     lines.append(
         "| `cpu_kernels/boot.py` (start-up hook) | `sgl_kernel.load_utils`,"

@@ -10,3 +10,6 @@ place of its own (SGLang's plugin hook registry) when the launch asks for STANDA
 The launcher passes SGLang ``STANDALONE`` for it, so every other part of SGLang treats it as
 its own STANDALONE; ``--speculative-algorithm STANDALONE`` keeps SGLang's layout unchanged.
 """
+
+# Our name for it: the launcher's --speculative-algorithm value and its metrics' label.
+NAME = "STANDALONE_FULL"

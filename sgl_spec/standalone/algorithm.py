@@ -14,6 +14,7 @@ from dataclasses import replace
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
+from sgl_spec.standalone import NAME
 
 # On the shipped target and draft: a chain of 3 (measured best, benchmarks/RESULTS.md).
 SHIPPED_ARGV = {
@@ -24,7 +25,7 @@ SHIPPED_ARGV = {
 
 
 class StandaloneFull(Algorithm):
-    name = "STANDALONE_FULL"
+    name = NAME
     runs_as = "STANDALONE"
     uses_draft_model = True
     single_rank = False

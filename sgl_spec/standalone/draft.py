@@ -46,6 +46,7 @@ from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_p
 from sglang.srt.utils.common import fast_topk
 
 from sgl_spec.common.metrics import SpecMetrics
+from sgl_spec.standalone import NAME
 
 # Set on a Req whose bonus token has no draft KV yet (fresh from prefill).
 _PENDING = "_sgl_spec_draft_bonus_pending"
@@ -79,8 +80,6 @@ def window_slots(
     return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols].flatten().to(torch.int64)
 
 
-# Our name for the worker's metrics (SGLang serves it as STANDALONE).
-NAME = "STANDALONE_FULL"
 # The upstream methods replaced below, with their parameters (checked before the hook installs).
 REPLACED = {
     "_draft_extend_for_prefill": {
@@ -99,9 +98,12 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         super().__init__(*args, **kwargs)
         # (start, end) of the last draft() awaiting its verify and draft extend
         self._draft_span: tuple[float, float] | None = None
-        args = self.server_args
-        wanted = getattr(args, "enable_metrics", False) or str(args.device).startswith("cpu")
-        self.spec_metrics = SpecMetrics(NAME, args) if wanted else None
+        server_args = self.server_args
+        wanted = getattr(server_args, "enable_metrics", False) or str(
+            server_args.device
+        ).startswith("cpu")
+        # labelled with our name, STANDALONE_FULL (SGLang serves it as STANDALONE)
+        self.spec_metrics = SpecMetrics(NAME, server_args) if wanted else None
 
     def _propose(
         self,

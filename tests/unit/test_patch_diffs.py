@@ -20,7 +20,7 @@ from types import ModuleType
 
 import pytest
 
-from sgl_spec.patches import SGLANG_VERSION, all_patches, installed_sglang_version
+from sgl_spec.patches import SGLANG_VERSION, all_patches, installed_sglang_version, patch_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_DIR = ROOT / "patches"
@@ -59,12 +59,6 @@ def sglang_root() -> Path:
 
 def diff_paths() -> list[Path]:
     return sorted(DIFF_DIR.glob("*.diff"))
-
-
-def patch_name(module: ModuleType) -> str:
-    """A patch's name as ``apply_patches`` logs it: its module below ``sgl_spec.patches``
-    (``cpu_spec_sampling``), or below ``sgl_spec`` (``standalone.hook``)."""
-    return module.__name__.removeprefix("sgl_spec.patches.").removeprefix("sgl_spec.")
 
 
 @functools.cache

@@ -20,8 +20,11 @@ skipped when the budget ran out), so a run killed at its limit still returns wha
    draft runs on the second GPU, or on the CPU where there is one GPU.
 4. ``bench``: the bench preset's servers side by side (``none`` eager and with graphs,
    STANDALONE_FULL / MINEDRAFT (two GPUs only) with the identical draft, MTP_LORA k = 2,
-   SPECBLOCK), rounds of concurrency 1 and 16 in ABBA order: throughput ratio to ``none``, accept length, wall time
-   per step, greedy equality with ``none``.
+   SPECBLOCK), rounds of concurrency 1 and 16 in ABBA order after an untimed warm-up pass:
+   throughput ratio to ``none``, accept length, wall time per step, greedy equality with
+   ``none``; then, while the budget lasts, SGLang's torch profiler over 8 steps at concurrency
+   1 of STANDALONE_FULL (with Python stacks), ``none``, MTP_LORA and SPECBLOCK
+   (``profile_step.py``): where each step's time goes, the traces beside check.json.
 
 On CPU (``--device cpu``, the dry run) both presets are ``tiny`` and no eager twins run.
 Exit status 0 only when every step passed.
@@ -54,8 +57,18 @@ CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", str(DRAFT_TOKENS)]  # fmt: skip
 EAGER = ["--disable-cuda-graph"]
 BENCH_TOKENS = 64
+WARM_TOKENS = 16
 ACCEPT_TOKENS = 48  # per request (ignore_eos) when an identical draft's acceptance is judged
 ROUNDS = 2
+# (server, with Python stacks): profiled in this order while the budget lasts; 3 traces at most
+# come back (the device returns 8 files)
+PROFILED = (
+    ("standalone_identical", True),
+    ("none", False),
+    ("mtp_lora", False),
+    ("specblock", False),
+)
+PROFILE_STEPS = 8
 
 
 def server_flags(cuda: bool) -> list[str]:
@@ -66,7 +79,10 @@ def server_flags(cuda: bool) -> list[str]:
              "--max-running-requests", "32", "--sleep-on-idle", "--skip-server-warmup",
              "--log-level", "warning"]  # fmt: skip
     if cuda:
-        return [*flags, "--chunked-prefill-size", "2048", "--cuda-graph-max-bs-decode", "16"]
+        # decode graphs only: the step times are decode steps, and capturing prefill graphs
+        # took a minute per server when nine start together (H200, 2026-11-27)
+        return [*flags, "--chunked-prefill-size", "2048", "--cuda-graph-max-bs-decode", "16",
+                "--disable-prefill-cuda-graph"]  # fmt: skip
     return [*flags, "--dtype", "float32"]
 
 
@@ -240,6 +256,7 @@ def step_times(servers: dict[str, ServerProcess], prompts: list[str], tokens: in
     out = {}
     for name, server in servers.items():
         try:
+            generate(server, prompts[0], tokens)  # warm-up: Triton compiles at first use
             res = measure(server, prompts, 1, tokens)
             out[name] = {"step_ms": round(res["step_ms"], 2), "accept": round(res["accept"], 3)}
         except Exception as exc:
@@ -253,7 +270,7 @@ def rounds(
     """ABBA rounds at one concurrency: every server per round, the order reversed each round;
     throughput ratio to ``none`` from the summed rounds."""
     runs: dict[str, list[dict]] = {n: [] for n in servers}
-    errors: dict[str, str] = {}
+    errors = warm_up(servers, prompts, concurrency)
     order = list(servers)
     for r in range(ROUNDS):
         if check.deadline - time.monotonic() < 20 and r > 0:
@@ -285,6 +302,58 @@ def rounds(
         if name in errors:
             summary[name]["error"] = errors[name]
     return summary
+
+
+def profiles(check: Smoke, servers: dict[str, ServerProcess], cuda: bool) -> dict:
+    """SGLang's torch profiler over ``PROFILE_STEPS`` decode steps of each of ``PROFILED`` at
+    concurrency 1 (``profile_step.py``), while the budget lasts: the trace's summary, and the
+    trace itself beside check.json where it is small enough to come back."""
+    import shutil
+
+    from profile_step import profile_server, summarize
+
+    out: dict = {}
+    for name, with_stack in PROFILED:
+        if name not in servers or check.deadline - time.monotonic() < 30:
+            out[name] = {"skipped": "not running" if name not in servers else "budget"}
+            continue
+        server = servers[name]
+        try:
+            trace = profile_server(
+                server.url,
+                check.logs / "profile" / name,
+                lambda s=server: generate(s, bench_prompts(1)[0], BENCH_TOKENS),
+                PROFILE_STEPS,
+                with_stack,
+                cuda,
+                timeout_s=min(60.0, check.deadline - time.monotonic() - 5),
+            )
+            out[name] = summarize(trace, PROFILE_STEPS)
+            if trace.stat().st_size < 6 << 20 and len(list(check.out.glob("trace_*"))) < 3:
+                shutil.move(trace, check.out / f"trace_{name}.json.gz")
+            else:
+                trace.unlink()
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+        check.report["steps"].setdefault("bench", {"status": "running"})["profile"] = out
+        check.save()
+    return out
+
+
+def warm_up(servers: dict[str, ServerProcess], prompts: list[str], concurrency: int) -> dict:
+    """A short untimed pass of ``prompts`` on every server at once: Triton compiles a kernel
+    for each new specialisation at first use, 18-20 s each on a busy host (seen on an H200),
+    which a timed round must not include. Returns name: error for servers that failed."""
+
+    def run(item: tuple[str, ServerProcess]) -> tuple[str, str | None]:
+        try:
+            measure(item[1], prompts, concurrency, WARM_TOKENS)
+        except Exception as exc:
+            return item[0], f"{type(exc).__name__}: {exc}"[:1000]
+        return item[0], None
+
+    with ThreadPoolExecutor(max(1, len(servers))) as pool:
+        return {n: e for n, e in pool.map(run, servers.items()) if e is not None}
 
 
 def env_info(cuda: bool) -> dict:
@@ -425,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"c{conc}"] = rounds(check, fleet, conc, bench_prompts(count))
             check.report["steps"]["bench"] = {"status": "running", **result}
             check.save()
+        result["profile"] = profiles(check, fleet, cuda)
         return {"status": "failed" if errors else "passed", **result}
 
     (check.logs / "bench").mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from sgl_spec.minedraft.channel import MessageChannel, draft_server_addresses
@@ -56,6 +57,17 @@ def check_hello(hello: Hello) -> None:
         raise DraftServerError(
             f"MineDraft draft server: topk {hello.topk}, only chain drafts (topk 1) are served"
         )
+
+
+def draft_server_env(device: str, base: Mapping[str, str]) -> dict[str, str]:
+    """The draft server's environment. A CPU draft server also hides the GPUs: SGLang decides
+    CUDA or CPU once per process, when it is imported (``is_cuda()`` in module globals), so on a
+    GPU host a CPU draft would otherwise run CUDA-only kernels on CPU tensors."""
+    env = {**base, "PYTHONUNBUFFERED": "1"}
+    if device.startswith("cpu"):
+        env["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, before Hello
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
 
 
 def _tail(path: Path, num_lines: int = 15) -> str:
@@ -125,9 +137,7 @@ class DraftServerClient:
         cmd += ["--instance-id", self.instance_id, "--parent-pid", str(os.getpid())]
         if self.ipc_dir:
             cmd += ["--ipc-dir", self.ipc_dir]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if self.hello.device.startswith("cpu"):
-            env["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, before Hello
+        env = draft_server_env(self.hello.device, os.environ)
         self._log = open(self.log_path, "w")
         self._proc = subprocess.Popen(
             cmd,

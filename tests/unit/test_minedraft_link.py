@@ -236,3 +236,19 @@ def test_slow_server_is_waited_for_longer_not_restarted(monkeypatch) -> None:
         got.append(link.collect(step) is not None)
     assert link.num_faults == 0 and client.num_stale >= 1
     assert not got[0] and all(got[-5:]), got
+
+
+def test_cpu_draft_server_hides_the_gpus() -> None:
+    """SGLang picks CUDA or CPU kernels once per process from what it sees at import: a CPU
+    draft server beside a GPU target must not see the GPU (seen on an H200: CUDA's KV-store
+    kernel called on CPU tensors)."""
+    from sgl_spec.minedraft.client import draft_server_env
+
+    base = {"CUDA_VISIBLE_DEVICES": "0,1", "KEEP": "1"}
+    for device in ("cpu", "cpu:2"):
+        env = draft_server_env(device, base)
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["SGLANG_USE_CPU_ENGINE"] == "1"
+        assert env["KEEP"] == "1"
+    env = draft_server_env("cuda:1", base)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "SGLANG_USE_CPU_ENGINE" not in env
+    assert base == {"CUDA_VISIBLE_DEVICES": "0,1", "KEEP": "1"}

@@ -166,22 +166,43 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
         raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
     if launch.device != "cpu" or launch.num_ranks == 1:
         return
-    bind = os.environ.get(CPU_BIND_ENV, "all")
+    bind = os.environ.get(CPU_BIND_ENV) or "all"
     if bind == "all":
-        from sglang.srt.utils.common import get_cpu_ids_by_node
-
-        nodes = len(get_cpu_ids_by_node()) or 1
-        if launch.num_ranks > nodes:
+        cores = len(os.sched_getaffinity(0))
+        if launch.num_ranks > cores:
             raise ConfigError(
-                f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
-                f" NUMA nodes and this host has {nodes}; set {CPU_BIND_ENV} to one core list"
-                " per rank (e.g. 0-15|16-31) or serve one rank"
+                f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need a core each and"
+                f" this process may use {cores}; serve fewer ranks"
             )
     elif len(bind.split("|")) < launch.num_ranks:
         raise ConfigError(
             f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
             f" '|'-separated core lists in {CPU_BIND_ENV}, got {bind!r}"
         )
+
+
+def rank_cores(num_ranks: int, environ: dict[str, str]) -> None:
+    """SGLang's CPU engine binds one rank per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND``
+    gives each rank its cores (and asserts at start when ranks outnumber nodes): where the user
+    set nothing and ranks outnumber nodes, split this process's cores into ``num_ranks``
+    contiguous lists, one per rank (``0-7|8-15``)."""
+    if num_ranks <= 1 or (environ.get(CPU_BIND_ENV) or "all") != "all":
+        return
+    from sglang.srt.utils.common import get_cpu_ids_by_node
+
+    if num_ranks <= (len(get_cpu_ids_by_node()) or 1):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share, extra = divmod(len(cores), num_ranks)
+    lists, start = [], 0
+    for rank in range(num_ranks):
+        part = cores[start : start + share + (rank < extra)]
+        start += len(part)
+        if len(part) == 1 or part[-1] - part[0] != len(part) - 1:
+            lists.append(",".join(map(str, part)))
+        else:
+            lists.append(f"{part[0]}-{part[-1]}")
+    environ[CPU_BIND_ENV] = "|".join(lists)
 
 
 def check_eagle_shape(steps: int | None, topk: int | None, tokens: int | None) -> None:

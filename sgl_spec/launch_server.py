@@ -60,6 +60,10 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     ):
         argv += ["--dtype", "float32"]
     environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    from sgl_spec.algorithms import rank_cores
+    from sgl_spec.argv import LaunchArgs
+
+    rank_cores(LaunchArgs.from_argv(argv).num_ranks, environ)
     for name, value in CPU_MALLOC_ENV.items():
         environ.setdefault(name, value)
     if not has_flag(argv, "--attention-backend"):

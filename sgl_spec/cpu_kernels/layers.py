@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sgl_spec.cpu_kernels import native
+from sgl_spec.cpu_kernels import collectives, native
 from sgl_spec.cpu_kernels.memo import LastCall
 from sgl_spec.cpu_kernels.opdef import OpDef
 
@@ -224,11 +224,6 @@ def init_cpu_threads_env(cpu_ids: str) -> str:
     return f"sgl_spec fallback: {len(cores) or torch.get_num_threads()} threads on cores {cpu_ids}"
 
 
-def initialize(size: int, rank: int) -> None:
-    if size != 1:
-        raise NotImplementedError("sgl_spec CPU fallback: tensor parallelism (tp > 1) on CPU")
-
-
 OPS = [
     OpDef("rmsnorm_cpu", "(Tensor input, Tensor weight, float eps) -> Tensor", rmsnorm),
     OpDef(
@@ -267,5 +262,5 @@ OPS = [
 # Ops without a tensor argument dispatch through CompositeExplicitAutograd (see registry).
 NO_TENSOR_OPS = [
     OpDef("init_cpu_threads_env", "(str cpu_ids) -> str", init_cpu_threads_env),
-    OpDef("initialize", "(int size, int rank) -> ()", initialize),
+    OpDef("initialize", "(int size, int rank) -> ()", collectives.initialize),
 ]

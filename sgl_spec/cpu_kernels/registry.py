@@ -19,9 +19,16 @@ _LIBS: list[torch.library.Library] = []
 
 
 def _op_modules() -> list:
-    from sgl_spec.cpu_kernels import attention, kvcache, layers, spec_ops, unsupported
+    from sgl_spec.cpu_kernels import (
+        attention,
+        collectives,
+        kvcache,
+        layers,
+        spec_ops,
+        unsupported,
+    )
 
-    return [attention, kvcache, layers, spec_ops, unsupported]
+    return [attention, collectives, kvcache, layers, spec_ops, unsupported]
 
 
 def all_ops() -> list[OpDef]:

@@ -35,6 +35,7 @@ PATCHES = (
     "spec_row_headroom",
     "worker_kv_budget",
     "spec_internals",
+    "cpu_tensor_parallel",
 )
 
 

@@ -259,21 +259,25 @@ def test_minedraft_draft_cores_overlapping_the_target(models, monkeypatch) -> No
 
 
 @pytest.mark.parametrize("flag", ["--tp-size", "--pp-size", "--dp-size"])
-def test_cpu_ranks_need_numa_nodes_or_core_lists(flag, monkeypatch) -> None:
-    """SGLang's CPU engine runs a rank per NUMA node, or per core list the user gives; without
-    enough of either its scheduler fails an assertion once started."""
+def test_cpu_ranks_need_a_core_each_or_core_lists(flag, monkeypatch) -> None:
+    """SGLang's CPU engine runs a rank per NUMA node, or per core list in
+    SGLANG_CPU_OMP_THREADS_BIND; where the user gives none the launcher gives each rank its
+    cores (``rank_cores``), so a launch is refused only without a core per rank or with fewer
+    lists than ranks."""
     import sglang.srt.utils.common as sglang_common
 
+    from sgl_spec import algorithms
+
     argv = ["--model-path", "sgl-spec/tiny-code", flag, "2", *CPU]
-    monkeypatch.setattr(sglang_common, "get_cpu_ids_by_node", lambda: ["0,1"])
+    monkeypatch.setattr(sglang_common, "get_cpu_ids_by_node", lambda: ["0"])
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
-    assert flag in refusal(argv) and "NUMA" in refusal(argv)
+    monkeypatch.setattr(algorithms.os, "sched_getaffinity", lambda pid: {0})
+    assert flag in refusal(argv) and "core" in refusal(argv)
+    monkeypatch.setattr(algorithms.os, "sched_getaffinity", lambda pid: {0, 1})
+    prepare_launch(argv)
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0")
     assert flag in refusal(argv)
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
-    prepare_launch(argv)
-    monkeypatch.setattr(sglang_common, "get_cpu_ids_by_node", lambda: ["0", "1"])
-    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND")
     prepare_launch(argv)
 
 

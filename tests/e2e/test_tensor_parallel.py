@@ -1,37 +1,66 @@
 """Tensor parallelism on the CPU engine through the public launcher: ``--tp-size 2`` with no
-core binding given (``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher gives each rank its cores), for ``none`` and STANDALONE_FULL.
-Lossless at tp = 2: the speculative server's greedy ids equal the tp = 2 ``none`` server's,
-and (sharded float sums permitting, as on this tiny fp32 target) the tp = 1 server's."""
+core binding given (``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher gives each rank its
+cores), for ``none`` and STANDALONE_FULL. Lossless at tp = 2: the speculative server's greedy
+ids equal the tp = 2 ``none`` server's and (sharded float sums permitting, as on this tiny fp32
+target) the tp = 1 server's; its T = 1 samples of tokens 1-2 follow the target's exact joint
+law (Pearson chi-square with a simulated null, alpha = 1e-4: a correct server fails 1 run in
+10 000)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.lossless import PROMPTS
+from tests.helpers.lossless import PROMPTS, chi_square_gof, joint_two_token_law
 from tests.helpers.server_utils import Server
 
 pytestmark = pytest.mark.server
 
+ALPHA = 1e-4
+NUM_SAMPLES = 6000
+SAMPLING_PROMPT_IDS = [12, 40, 7, 99, 3]
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4"]  # fmt: skip
 
-def _greedy(args: list[str], log) -> list[list[int]]:
-    server = Server([*args, "--tp-size", "2"], log)
+
+def _greedy(server: Server) -> list[list[int]]:
+    out = server.generate(
+        {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+    )
+    return [o["output_ids"] for o in out]
+
+
+def _sample_pairs(server: Server) -> list[tuple[int, int]]:
+    out = server.generate(
+        {
+            "input_ids": [SAMPLING_PROMPT_IDS] * NUM_SAMPLES,
+            "sampling_params": {"temperature": 1.0, "max_new_tokens": 2, "ignore_eos": True},
+        }
+    )
+    assert all(o["meta_info"]["spec_verify_ct"] >= 1 for o in out), "token 2 must be verified"
+    return [tuple(o["output_ids"][:2]) for o in out]
+
+
+def test_tp2_none_and_standalone_full_lossless(tiny_models, baseline_greedy, tmp_path):
+    target = ["--model-path", str(tiny_models["target"]), "--tp-size", "2"]
+    server = Server(target, tmp_path / "none_tp2.log")
+    try:
+        none_tp2 = _greedy(server)
+    finally:
+        server.stop()
+    assert none_tp2 == baseline_greedy["short"]
+    spec = ["--speculative-algorithm", "STANDALONE_FULL",
+            "--speculative-draft-model-path", str(tiny_models["draft"]), *CHAIN]  # fmt: skip
+    server = Server([*target, *spec], tmp_path / "standalone_full_tp2.log")
     try:
         out = server.generate(
             {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
         )
-        if "--speculative-algorithm" in args:
-            assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
-        return [o["output_ids"] for o in out]
+        assert [o["output_ids"] for o in out] == none_tp2
+        assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
+        pairs = _sample_pairs(server)
     finally:
         server.stop()
-
-
-def test_tp2_none_and_standalone_full_greedy_equal(tiny_models, baseline_greedy, tmp_path):
-    target = ["--model-path", str(tiny_models["target"])]
-    none_tp2 = _greedy(target, tmp_path / "none_tp2.log")
-    spec = ["--speculative-algorithm", "STANDALONE_FULL", "--speculative-draft-model-path",
-            str(tiny_models["draft"]), "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]  # fmt: skip
-    spec_tp2 = _greedy([*target, *spec], tmp_path / "standalone_full_tp2.log")
-    assert spec_tp2 == none_tp2
-    assert none_tp2 == baseline_greedy["short"]
+    law = joint_two_token_law(tiny_models["target"], SAMPLING_PROMPT_IDS, 1.0, NUM_SAMPLES)
+    result = chi_square_gof(pairs, law)
+    assert result.num_cells >= 10, "law too peaked for a meaningful test"
+    assert result.p_value > ALPHA, result

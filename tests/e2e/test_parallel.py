@@ -1,10 +1,10 @@
-"""Tensor parallelism on the CPU engine through the public launcher: ``--tp-size 2`` with no
-core binding given (``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher gives each rank its
-cores), for ``none`` and STANDALONE_FULL. Lossless at tp = 2: the speculative server's greedy
-ids equal the tp = 2 ``none`` server's and (sharded float sums permitting, as on this tiny fp32
-target) the tp = 1 server's; its T = 1 samples of tokens 1-2 follow the target's exact joint
-law (Pearson chi-square with a simulated null, alpha = 1e-4: a correct server fails 1 run in
-10 000)."""
+"""Two ranks on the CPU engine through the public launcher, ``--tp-size 2`` and
+``--dp-size 2`` with no core binding given (``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher
+gives each rank its cores), for ``none`` and STANDALONE_FULL. Lossless with two ranks: the
+speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded float sums
+permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens
+1-2 follow the target's exact joint law (Pearson chi-square with a simulated null,
+alpha = 1e-4: a correct server fails 1 run in 10 000)."""
 
 from __future__ import annotations
 
@@ -40,22 +40,27 @@ def _sample_pairs(server: Server) -> list[tuple[int, int]]:
     return [tuple(o["output_ids"][:2]) for o in out]
 
 
-def test_tp2_none_and_standalone_full_lossless(tiny_models, baseline_greedy, tmp_path):
-    target = ["--model-path", str(tiny_models["target"]), "--tp-size", "2"]
-    server = Server(target, tmp_path / "none_tp2.log")
-    try:
-        none_tp2 = _greedy(server)
-    finally:
-        server.stop()
-    assert none_tp2 == baseline_greedy["short"]
+@pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
+def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
+    """tp = 2 shards every layer (its ``none`` server is run too); dp = 2 runs two replicas
+    under SGLang's data-parallel controller, each with its own speculative state."""
+    target = ["--model-path", str(tiny_models["target"]), flag, "2"]
+    reference = baseline_greedy["short"]
+    if flag == "--tp-size":
+        server = Server(target, tmp_path / "none.log")
+        try:
+            reference = _greedy(server)
+        finally:
+            server.stop()
+        assert reference == baseline_greedy["short"]
     spec = ["--speculative-algorithm", "STANDALONE_FULL",
             "--speculative-draft-model-path", str(tiny_models["draft"]), *CHAIN]  # fmt: skip
-    server = Server([*target, *spec], tmp_path / "standalone_full_tp2.log")
+    server = Server([*target, *spec], tmp_path / "standalone_full.log")
     try:
         out = server.generate(
             {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
         )
-        assert [o["output_ids"] for o in out] == none_tp2
+        assert [o["output_ids"] for o in out] == reference
         assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
         pairs = _sample_pairs(server)
     finally:

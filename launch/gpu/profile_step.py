@@ -107,6 +107,16 @@ def self_times(events: list[dict]) -> dict[str, float]:
     return out
 
 
+def _totals(events: list[dict]) -> tuple[dict[str, float], dict[str, int]]:
+    """Total duration (us) and count per event name."""
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        total[e["name"]] += e["dur"]
+        count[e["name"]] += 1
+    return total, count
+
+
 def _top(values: dict[str, float], counts: dict[str, int] | None = None) -> list[list]:
     rows = sorted(values.items(), key=lambda kv: -kv[1])[:TOP]
     return [[name[:120], round(us / 1000, 3), (counts or {}).get(name)] for name, us in rows]
@@ -123,19 +133,6 @@ def summarize(path: Path, num_steps: int) -> dict:
     window_us = max(s[1] for s in spans) - min(s[0] for s in spans) if spans else 0.0
     gpu = [e for c in GPU_CATS for e in by_cat[c]]
     busy_us = union_us((e["ts"], e["ts"] + e["dur"]) for e in gpu)
-    kernels: dict[str, float] = defaultdict(float)
-    kernel_ct: dict[str, int] = defaultdict(int)
-    for e in gpu:
-        kernels[e["name"]] += e["dur"]
-        kernel_ct[e["name"]] += 1
-    runtime: dict[str, float] = defaultdict(float)
-    runtime_ct: dict[str, int] = defaultdict(int)
-    for e in by_cat["cuda_runtime"] + by_cat["cuda_driver"]:
-        runtime[e["name"]] += e["dur"]
-        runtime_ct[e["name"]] += 1
-    annotations: dict[str, float] = defaultdict(float)
-    for e in by_cat["user_annotation"]:
-        annotations[e["name"]] += e["dur"]
     out = {
         "trace": path.name,
         "events": len(events),
@@ -145,10 +142,10 @@ def summarize(path: Path, num_steps: int) -> dict:
         "gpu_busy_ms": round(busy_us / 1000, 2),
         "gpu_busy_share": round(busy_us / window_us, 3) if window_us and gpu else None,
         "kernels": len(gpu),
-        "top_gpu": _top(kernels, kernel_ct),
-        "top_runtime": _top(runtime, runtime_ct),
+        "top_gpu": _top(*_totals(gpu)),
+        "top_runtime": _top(*_totals(by_cat["cuda_runtime"] + by_cat["cuda_driver"])),
         "top_cpu_op_self": _top(self_times(by_cat["cpu_op"])),
-        "top_annotation": _top(annotations),
+        "top_annotation": _top(_totals(by_cat["user_annotation"])[0]),
     }
     if by_cat["python_function"]:
         out["top_python_self"] = _top(self_times(by_cat["python_function"]))

@@ -233,3 +233,36 @@ print(json.dumps({
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"untouched": True, "applied": True, "dual_gemm_off": True,
                       "sampler": True, "renorm": True}  # fmt: skip
+
+
+def test_profile_summary_of_a_known_trace(tmp_path: Path) -> None:
+    """``profile_step.summarize`` on a hand-written chrome trace: GPU busy time is the union of
+    overlapping kernels, host self times subtract nested children, runtime calls are counted."""
+    import gzip
+
+    import profile_step
+
+    def ev(cat, name, ts, dur, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    events = [
+        ev("cpu_op", "outer", 0, 100),
+        ev("cpu_op", "inner", 10, 30),
+        ev("cpu_op", "inner", 50, 20),
+        ev("cuda_runtime", "cudaStreamSynchronize", 80, 10),
+        ev("cuda_runtime", "cudaStreamSynchronize", 90, 5),
+        ev("kernel", "gemm", 20, 40, tid=7),
+        ev("kernel", "gemm", 50, 20, tid=7),  # overlaps the first: busy 20..70
+        ev("gpu_memcpy", "copy", 80, 10, tid=7),
+        {"ph": "i", "name": "instant", "ts": 5},  # not a complete event: ignored
+    ]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    out = profile_step.summarize(path, num_steps=2)
+    assert out["window_ms"] == 0.1 and out["window_ms_per_step"] == 0.05
+    assert out["gpu_busy_ms"] == 0.06 and out["gpu_busy_share"] == 0.6
+    assert out["top_gpu"][0] == ["gemm", 0.06, 2]
+    assert out["top_runtime"] == [["cudaStreamSynchronize", 0.015, 2]]
+    assert out["top_cpu_op_self"] == [["inner", 0.05, None], ["outer", 0.05, None]]
+    assert profile_step.union_us([(0, 10), (5, 20), (30, 40)]) == 30

@@ -304,7 +304,9 @@ def rounds(
     return summary
 
 
-def profiles(check: Smoke, servers: dict[str, ServerProcess], cuda: bool) -> dict:
+def profiles(
+    check: Smoke, servers: dict[str, ServerProcess], cuda: bool, step: str = "bench"
+) -> dict:
     """SGLang's torch profiler over ``PROFILE_STEPS`` decode steps of each of ``PROFILED`` at
     concurrency 1 (``profile_step.py``), while the budget lasts: the trace's summary, and the
     trace itself beside check.json where it is small enough to come back."""
@@ -335,7 +337,7 @@ def profiles(check: Smoke, servers: dict[str, ServerProcess], cuda: bool) -> dic
                 trace.unlink()
         except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-        check.report["steps"].setdefault("bench", {"status": "running"})["profile"] = out
+        check.report["steps"].setdefault(step, {"status": "running"})["profile"] = out
         check.save()
     return out
 
@@ -396,13 +398,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=360.0, help="for everything below")
     parser.add_argument("--lossless-preset", default=None, help="default: 1b on CUDA, tiny on CPU")
     parser.add_argument("--bench-preset", default=None, help="default: 8b on CUDA, tiny on CPU")
+    parser.add_argument(
+        "--cases", default=None, help="comma list: the lossless servers to run (none always)"
+    )
+    parser.add_argument(
+        "--no-bench",
+        action="store_true",
+        help="no bench preset: profile the lossless servers instead (a short device budget)",
+    )
     args = parser.parse_args(argv)
+    only = {"none", *args.cases.split(",")} if args.cases else None
     import torch
 
     cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     device = "cuda" if cuda else "cpu"
     lossless_preset = args.lossless_preset or ("1b" if cuda else "tiny")
     bench_preset = args.bench_preset or ("8b" if cuda else "tiny")
+    if args.no_bench:
+        bench_preset = lossless_preset
     work = args.work or Path(tempfile.mkdtemp(prefix="sglspec-check-"))
     check = Smoke(args.out, work, args.budget_s, report_name="check.json")
     check.report.update(device=device, gpus=_gpus(), presets=[lossless_preset, bench_preset])
@@ -415,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check.step("models", lossless_models)
     bench_job = None
-    if lossless_preset != bench_preset:
+    if lossless_preset != bench_preset and not args.no_bench:
         bench_job = start_bench_models(
             work / "bench", bench_preset, device, check.logs / "models.log"
         )
@@ -424,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def lossless() -> dict:
         cases = variants(models, cuda, bench=False)
+        cases = {n: v for n, v in cases.items() if only is None or n in only}
         # float32: in bf16 a random model's argmax flips with the kernels' shapes (decode vs
         # verify), which would hide what this checks, the algorithms' losslessness
         fp32 = ["--dtype", "float32"] if cuda else []
@@ -453,10 +467,16 @@ def main(argv: list[str] | None = None) -> int:
         return {"status": "failed" if failed else "passed", "cases": report, "failed": failed}
 
     # one preset for both phases (the CPU dry run): the bench reuses the lossless servers
-    reuse = lossless_preset == bench_preset
+    reuse = lossless_preset == bench_preset and not args.no_bench
     try:
         if models is not None:
             check.step("lossless", lossless, min_left_s=150)
+        if args.no_bench and fleet:
+            check.step(
+                "profile",
+                lambda: {"profile": profiles(check, fleet, cuda, "profile")},
+                min_left_s=30,
+            )
     finally:
         if not reuse:
             stop_fleet(fleet)
@@ -499,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
 
     (check.logs / "bench").mkdir(exist_ok=True)
     try:
-        if models is not None:
+        if models is not None and not args.no_bench:
             check.step("bench", bench, min_left_s=40 if reuse else 120)
     finally:
         stop_fleet(fleet)

@@ -4,7 +4,12 @@ gives each rank its cores), for ``none`` and STANDALONE_FULL. Lossless with two 
 speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded float sums
 permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens
 1-2 follow the target's exact joint law (Pearson chi-square with a simulated null,
-alpha = 1e-4: a correct server fails 1 run in 10 000)."""
+alpha = 1e-4 per server: a correct server fails 1 run in 10 000).
+
+SGLang seeds every data-parallel replica with the same ``--random-seed``: two replicas given
+the same batch draw the same samples (a round-robin batch comes back as identical pairs), so
+with dp = 2 each replica's samples are drawn through ``routed_dp_rank`` and tested on their
+own, at alpha / 2 each."""
 
 from __future__ import annotations
 
@@ -29,13 +34,14 @@ def _greedy(server: Server) -> list[list[int]]:
     return [o["output_ids"] for o in out]
 
 
-def _sample_pairs(server: Server) -> list[tuple[int, int]]:
-    out = server.generate(
-        {
-            "input_ids": [SAMPLING_PROMPT_IDS] * NUM_SAMPLES,
-            "sampling_params": {"temperature": 1.0, "max_new_tokens": 2, "ignore_eos": True},
-        }
-    )
+def _sample_pairs(server: Server, rank: int | None) -> list[tuple[int, int]]:
+    payload = {
+        "input_ids": [SAMPLING_PROMPT_IDS] * NUM_SAMPLES,
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 2, "ignore_eos": True},
+    }
+    if rank is not None:
+        payload["routed_dp_rank"] = rank
+    out = server.generate(payload)
     assert all(o["meta_info"]["spec_verify_ct"] >= 1 for o in out), "token 2 must be verified"
     return [tuple(o["output_ids"][:2]) for o in out]
 
@@ -62,10 +68,12 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
         )
         assert [o["output_ids"] for o in out] == reference
         assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
-        pairs = _sample_pairs(server)
+        ranks = [0, 1] if flag == "--dp-size" else [None]
+        samples = {rank: _sample_pairs(server, rank) for rank in ranks}
     finally:
         server.stop()
     law = joint_two_token_law(tiny_models["target"], SAMPLING_PROMPT_IDS, 1.0, NUM_SAMPLES)
-    result = chi_square_gof(pairs, law)
-    assert result.num_cells >= 10, "law too peaked for a meaningful test"
-    assert result.p_value > ALPHA, result
+    for rank, pairs in samples.items():
+        result = chi_square_gof(pairs, law)
+        assert result.num_cells >= 10, "law too peaked for a meaningful test"
+        assert result.p_value > ALPHA / len(ranks), (rank, result)

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from sgl_spec.cpu_kernels import attention, attention_reference
+from sgl_spec.cpu_kernels import attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the reference lives in tests/
+from tests.helpers import attention_reference
 
 HEADS, KV_HEADS, HEAD_DIM, POOL = 8, 8, 64, 20000
 

@@ -18,7 +18,8 @@ runs in PyTorch's fused CPU attention. A batch whose padding would waste most of
 Precision: float32, as the linear layers. A token decoded alone and inside a verify block
 agree up to float32 rounding (blocking depends on how many rows share a call, as for the
 GEMMs); each algorithm's greedy test checks what that means for served tokens against the
-non-speculative server. ``attention_reference`` keeps the plain dense version as an oracle.
+non-speculative server. ``tests/helpers/attention_reference.py`` keeps the plain dense version
+as the tests' oracle.
 """
 
 from __future__ import annotations

@@ -56,17 +56,10 @@ def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return out.set_(storage, 0, tensor.shape, tensor.stride())
 
 
+# one op a line: name, sgl_kernel's schema, the PyTorch implementation
 OPS = [
-    OpDef(
-        "rmsnorm",
-        "(Tensor(a!) output, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()",
-        rmsnorm,
-    ),
-    OpDef(
-        "fused_add_rmsnorm",
-        "(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, bool enable_pdl) -> ()",
-        fused_add_rmsnorm,
-    ),
+    OpDef("rmsnorm", "(Tensor(a!) output, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()", rmsnorm),
+    OpDef("fused_add_rmsnorm", "(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, bool enable_pdl) -> ()", fused_add_rmsnorm),
     OpDef("silu_and_mul", "(Tensor(a!) out, Tensor input) -> ()", silu_and_mul),
     OpDef("weak_ref_tensor", "(Tensor tensor) -> Tensor", weak_ref_tensor),
-]
+]  # fmt: skip

@@ -77,20 +77,25 @@ class StepPlan:
 
 @dataclass
 class CoverageStats:
-    """Per-step parallelization statistics (App. C.12), updated at each sync point.
-
-    Steps with no running request are not counted. ``num_undrafted`` counts request-steps
-    verified without drafts (Appendix A's cost of the balanced policy, start-ups included).
-    """
+    """Per-step parallelization statistics (App. C.12), updated at each sync point; steps with
+    no running request are not counted."""
 
     num_steps: int = 0
     num_parallel_steps: int = 0
+    """Steps with both batches non-empty (drafting overlapped verification)."""
     num_startup_steps: int = 0
+    """Parallel steps whose whole target batch had no drafts yet (``StepPlan.startup``)."""
     num_undrafted: int = 0
+    """Request-steps verified without drafts in parallel steps (Appendix A's cost of the
+    balanced policy, start-ups included)."""
     num_assigned: int = 0
+    """Requests given a batch id (``assign``)."""
     num_recycled: int = 0
-    num_moved: int = 0  # rebalance() moves
+    """Batch ids released by finished, aborted or preempted requests (``recycle``)."""
+    num_moved: int = 0
+    """Requests moved between batches by ``rebalance``."""
     max_abs_balance: int = 0
+    """Largest |size(batch 0) - size(batch 1)| seen at a sync point."""
 
     @property
     def num_fallback_steps(self) -> int:

@@ -50,6 +50,13 @@ def _free_port() -> int:
     return get_free_port_below_ephemeral()
 
 
+# What every draft runner has, whatever its device: no prefix cache, graphs or overlap (the
+# draft server builds its own batches), no warm-up request, one token per page.
+RUNNER_FIXED = {"page_size": 1, "disable_radix_cache": True, "disable_cuda_graph": True,
+                "disable_overlap_schedule": True, "skip_server_warmup": True,
+                "mem_fraction_static": 0.8}  # fmt: skip
+
+
 def build_model_runner(
     model_path: str, device: str, max_requests: int, max_total_tokens: int, seed: int
 ):
@@ -74,16 +81,11 @@ def build_model_runner(
         base_gpu_id=gpu_id,
         attention_backend="torch_native" if on_cpu else None,
         dtype="float32" if on_cpu else "auto",
-        page_size=1,
         port=_free_port(),
-        disable_radix_cache=True,
-        disable_cuda_graph=True,
-        disable_overlap_schedule=True,
-        skip_server_warmup=True,
         max_running_requests=max_requests,
         max_total_tokens=max_total_tokens,
-        mem_fraction_static=0.8,
         random_seed=seed,
+        **RUNNER_FIXED,
     )
     server_args.resolve_once()
     publish(

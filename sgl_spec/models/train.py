@@ -13,6 +13,7 @@ import json
 import shlex
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -58,14 +59,10 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
 
 
 def _train_config(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        seed=args.seed,
-    )
+    """The recipe's fields that the command line sets (steps, batch size, window, lr, warm-up,
+    seed); the rest keep ``TrainConfig``'s defaults."""
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    return TrainConfig(**given)
 
 
 def _write_training_log(
@@ -219,15 +216,9 @@ def cmd_all(args: argparse.Namespace) -> None:
     cmd_corpus(args)
     cmd_tokenizer(args)
     cmd_target(_with(args, steps=args.target_steps, out=args.target))
-    draft_args = _with(
-        args,
-        steps=args.draft_steps,
-        lr=args.draft_lr,
-        warmup_steps=args.draft_warmup_steps,
-        preset=args.draft_preset,
-        out=args.draft,
-    )
-    cmd_draft(draft_args)
+    # the draft stage's --steps, --lr, ... are `all`'s --draft-steps, --draft-lr, ...
+    recipe = {name: getattr(args, f"draft_{name}") for name in ("steps", "lr", "warmup_steps")}
+    cmd_draft(_with(args, **recipe, preset=args.draft_preset, out=args.draft))
     cmd_eval(args)
 
 

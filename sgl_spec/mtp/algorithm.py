@@ -10,7 +10,7 @@ from __future__ import annotations
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
-from sgl_spec.mtp.settings import MtpSettings, check_target_fit, load_settings
+from sgl_spec.mtp.settings import MtpSettings, load_settings
 
 # On the shipped target + adapter a fixed k is slower than plain decoding on the CPU hosts
 # measured (benchmarks/RESULTS.md); the controller keeps drafts off where they do not pay and
@@ -31,10 +31,7 @@ class MtpLora(Algorithm):
         return fill_unset_for_shipped(config, launch, self.name, defaults)
 
     def settings(self, config: SpecConfig, launch: LaunchArgs) -> MtpSettings:
-        settings = load_settings(config)
-        if launch.model_path is not None:
-            check_target_fit(settings.adapter_path, launch.model_path)
-        return settings
+        return load_settings(config, launch.model_path)
 
     def verify_shape(self, settings: MtpSettings) -> tuple[int, int]:
         k = settings.max_k

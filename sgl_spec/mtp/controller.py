@@ -43,34 +43,36 @@ MAX_EXPLORE_BACKOFF = 8
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """``alpha_prior``: α_j, the probability that draft j is accepted given drafts 1..j-1 were,
-    before any observation (one value for every position, or one per position 1..k_max).
-    ``ewma_weight``: weight of a new observation in the running α_j. ``margin``: speculate
-    only when predicted S > 1 + margin. ``explore_every``: after that many consecutive steps
-    at k = 0, try the best k > 0 for ``probe_steps`` steps so α can recover (0 never explores).
-    ``calibrate_steps`` > 0 turns online calibration on: step times count as measured after
-    that many observations, k = 0 is measured first in every batch-size bucket, k without any
-    τ estimate (no table) are measured before use, and while speculating k = 0 is probed for one
-    step every ``explore_every`` steps. ``time_window``: step times kept per (bucket, k) for
-    their lower quartile.
-    ``switch_on_margin``: extra margin to turn speculation on while it is off -- the first
-    step after k = 0 has no drafts to verify (it pays T(k) for one token), so a marginal
-    predicted gain would be eaten by switching back and forth.
-    ``warmup_steps``: with calibration, the first steps a server runs are plain (k = 0) and
-    their times are not recorded: lazy initialisation makes them several times slower than the
-    rest, and T(0) is the reference every τ is measured against. T(0) then counts as measured
-    only after a full ``time_window`` of plain steps (they cost nothing extra)."""
+    """How ``SpeculationController`` weighs and tests its choice of k, one field each."""
 
     k_max: int = 4
     alpha_prior: float | tuple[float, ...] = 0.7
+    """α_j, the probability that draft j is accepted given drafts 1..j-1 were, before any
+    observation (one value for every position, or one per position 1..k_max)."""
     ewma_weight: float = 0.05
+    """Weight of a new observation in the running α_j."""
     margin: float = 0.02
+    """Speculate only when the predicted speedup S > 1 + margin."""
     explore_every: int = 64
+    """After that many consecutive steps at k = 0, try the best k > 0 for ``probe_steps``
+    steps so that α can recover (0 never explores); while speculating with calibration on,
+    k = 0 is probed for one step as often."""
     probe_steps: int = 1
     calibrate_steps: int = 0
+    """> 0 turns online calibration on: step times count as measured after that many
+    observations, k = 0 is measured first in every batch-size bucket, and k without any τ
+    estimate (no table) are measured before use."""
     time_window: int = 9
+    """Step times kept per (bucket, k) for their lower quartile."""
     switch_on_margin: float = 0.0
+    """Extra margin to turn speculation on while it is off: the first step after k = 0 has no
+    drafts to verify (it pays T(k) for one token), so a marginal predicted gain would be eaten
+    by switching back and forth."""
     warmup_steps: int = 0
+    """With calibration, the first steps a server runs are plain (k = 0) and their times are not
+    recorded: lazy initialisation makes them several times slower than the rest, and T(0) is
+    the reference every τ is measured against. T(0) then counts as measured only after a full
+    ``time_window`` of plain steps (they cost nothing extra)."""
 
     def __post_init__(self) -> None:
         if self.k_max < 1:
@@ -86,18 +88,11 @@ class ControllerConfig:
             raise ValueError(f"alpha_prior values must lie in [0, 1], got {prior}")
         if not 0.0 < self.ewma_weight <= 1.0:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
-        if self.margin < 0:
-            raise ValueError(f"margin must be >= 0, got {self.margin}")
-        if self.switch_on_margin < 0:
-            raise ValueError(f"switch_on_margin must be >= 0, got {self.switch_on_margin}")
-        if self.explore_every < 0:
-            raise ValueError(f"explore_every must be >= 0, got {self.explore_every}")
-        if self.probe_steps < 1:
-            raise ValueError(f"probe_steps must be >= 1, got {self.probe_steps}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.calibrate_steps < 0:
-            raise ValueError(f"calibrate_steps must be >= 0, got {self.calibrate_steps}")
+        least = {"margin": 0, "switch_on_margin": 0, "explore_every": 0, "probe_steps": 1,
+                 "warmup_steps": 0, "calibrate_steps": 0}  # fmt: skip
+        for name, low in least.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.time_window < max(self.calibrate_steps, 1):
             raise ValueError(
                 f"time_window must be >= max(calibrate_steps, 1), got {self.time_window}"

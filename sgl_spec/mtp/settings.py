@@ -66,8 +66,12 @@ def check_target_fit(adapter_path: str, model_path: str) -> None:
         raise ValueError(f"--mtp-lora-path: {exc} ({model_path})") from exc
 
 
-def load_settings(config: SpecConfig) -> MtpSettings:
+def load_settings(config: SpecConfig, model_path: str | None = None) -> MtpSettings:
+    """MTP_LORA's settings from its flags; with ``model_path``, the adapter is checked against
+    that target too."""
     path = resolve_adapter_path(config.mtp_lora_path)
+    if model_path is not None:
+        check_target_fit(path, model_path)
     adapter_config, _ = read_adapter(path)
     k_max = adapter_config.k_max
     mask_token_ids = list(adapter_config.mask_token_ids)
@@ -101,17 +105,15 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
     return tuple(min(max(a, 0.0), 1.0) for a in conditional)
 
 
-# Online calibration (sgl_spec/mtp/controller.py): T(k) counts as measured after this many served
-# steps; probes last two steps so that the second verifies real drafts and updates α. A probe
-# or a switch back on costs a step without drafts, hence rare probes and a margin to switch on.
-CALIBRATE_STEPS = 3
-# A fresh server's first decode steps run several times slower than the rest (lazy
-# initialisation); with them in T(0) a k > 0 looked cheap and ran for hundreds of steps.
-WARMUP_STEPS = 16
-PROBE_STEPS = 2
-EXPLORE_EVERY = 256
-MARGIN = 0.05
-SWITCH_ON_MARGIN = 0.10
+# The served controller's tuning (``ControllerConfig`` fields). Online calibration
+# (sgl_spec/mtp/controller.py): T(k) counts as measured after ``calibrate_steps`` served steps;
+# probes last two steps so that the second verifies real drafts and updates α. A probe or a
+# switch back on costs a step without drafts, hence rare probes and a margin to switch on. A
+# fresh server's first decode steps run several times slower than the rest (lazy
+# initialisation); with them in T(0) a k > 0 looked cheap and ran for hundreds of steps, hence
+# ``warmup_steps``.
+SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
+                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10}  # fmt: skip
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
@@ -126,16 +128,7 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
             table = GammaTable.load(table_path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--mtp-gamma-table: cannot use {table_path}: {exc}") from exc
-    config = ControllerConfig(
-        k_max=k_max,
-        alpha_prior=prior,
-        calibrate_steps=CALIBRATE_STEPS,
-        probe_steps=PROBE_STEPS,
-        explore_every=EXPLORE_EVERY,
-        margin=MARGIN,
-        switch_on_margin=SWITCH_ON_MARGIN,
-        warmup_steps=WARMUP_STEPS,
-    )
+    config = ControllerConfig(k_max=k_max, alpha_prior=prior, **SERVED_TUNING)
     try:
         return SpeculationController(table, MTPGatedLoRACost(), config)
     except ValueError as exc:

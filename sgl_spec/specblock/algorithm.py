@@ -14,7 +14,7 @@ from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
 from sgl_spec.specblock.flags import SPECBLOCK_SHIPPED_MAX_NODES
-from sgl_spec.specblock.settings import SpecBlockSettings, check_model_dir, load_settings
+from sgl_spec.specblock.settings import SpecBlockSettings, load_settings
 
 
 class SpecBlock(Algorithm):
@@ -34,10 +34,7 @@ class SpecBlock(Algorithm):
         return fill_unset_for_shipped(config, launch, self.name, defaults)
 
     def settings(self, config: SpecConfig, launch: LaunchArgs) -> SpecBlockSettings:
-        settings = load_settings(config)
-        if launch.model_path is not None:
-            check_model_dir(settings.drafter_path, launch.model_path)
-        return settings
+        return load_settings(config, launch.model_path)
 
     def verify_shape(self, settings: SpecBlockSettings) -> tuple[int, int]:
         return settings.verify_depth, settings.draft.max_nodes

@@ -95,8 +95,12 @@ def check_target_fit(drafter_config: Any, target_config: Any, path: str) -> None
         )
 
 
-def load_settings(config: SpecConfig) -> SpecBlockSettings:
+def load_settings(config: SpecConfig, model_path: str | None = None) -> SpecBlockSettings:
+    """SPECBLOCK's settings from its flags; with ``model_path``, the drafter is checked against
+    that target too."""
     path = resolve_drafter_path(config.specblock_drafter_path)
+    if model_path is not None:
+        check_model_dir(path, model_path)
     drafter_config = read_drafter(path)
     k = drafter_config.block_size if config.specblock_k is None else config.specblock_k
     if k > drafter_config.block_size:

@@ -19,7 +19,7 @@ import torch
 
 from sgl_spec.cpu_kernels import attention_native, native, paged_kv
 from sgl_spec.cpu_kernels.attention import decode_attention, extend_attention
-from sgl_spec.cpu_kernels.attention_reference import (
+from tests.helpers.attention_reference import (
     decode_attention_reference,
     extend_attention_reference,
 )

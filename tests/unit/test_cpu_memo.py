@@ -11,8 +11,8 @@ import torch
 
 from sgl_spec.cpu_kernels import layers
 from sgl_spec.cpu_kernels.attention import decode_attention, extend_attention
-from sgl_spec.cpu_kernels.attention_reference import decode_attention_reference
 from sgl_spec.cpu_kernels.memo import LastCall
+from tests.helpers.attention_reference import decode_attention_reference
 
 
 def _counting(memo: LastCall, small, large, extra, builds: list[int]) -> int:

@@ -57,24 +57,19 @@ def build_config(spec: ModelSpec, vocab_size: int, eos_token_id: int):
     """A ``LlamaConfig`` for ``spec``; ``dtype`` float32 because tests and CPU serving run fp32."""
     from transformers import LlamaConfig
 
+    # ModelSpec's fields that LlamaConfig names alike, and what every preset shares
+    same = ("hidden_size", "intermediate_size", "max_position_embeddings", "rope_theta",
+            "tie_word_embeddings")  # fmt: skip
+    fixed = {"rms_norm_eps": 1e-5, "hidden_act": "silu", "attention_bias": False,
+             "mlp_bias": False, "dtype": "float32"}  # fmt: skip
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=eos_token_id,
-        eos_token_id=eos_token_id,
-        pad_token_id=eos_token_id,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        dtype="float32",
+        **{name: getattr(spec, name) for name in same},
+        **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), eos_token_id),
+        **fixed,
     )
 
 

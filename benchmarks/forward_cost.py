@@ -17,7 +17,7 @@ Bare and served forwards of each shape alternate in a shuffled order, so drift h
 alike; each process gets the launcher's malloc settings.
 
 Caveat: the served forward here runs in a plain Python process, not in a scheduler process;
-on the AMD host of RESULTS' session-16 entry its 1-row float32 linears ran MKL's generic
+on the AMD host of RESULTS' 2026-11-25 entry (commit 2395372) its 1-row float32 linears ran MKL's generic
 sgemv (py-spy) where samples of the served scheduler showed PyTorch's own GEMM kernel, and
 served times here exceeded the server's per-token time at batch 1. Compare its ratios with
 ``bench_speculative.py``'s, not its absolute times with the server's. The models run in separate processes in ABBA order (``--rounds``), and medians pool

@@ -146,24 +146,23 @@ def check_device(launch: LaunchArgs) -> None:
 
 
 def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
-    """Ours serve one rank unless they say otherwise (``Algorithm.single_rank``); SGLang's CPU
+    """Ours serve the parallel sizes above 1 they name (``Algorithm.parallel``); SGLang's CPU
     engine runs one rank per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` gives each rank
     its cores."""
-    given = [
-        f"--{name.replace('_', '-')} {value}"
-        for name, value in (
-            ("tp_size", launch.tp_size),
-            ("pp_size", launch.pp_size),
-            ("dp_size", launch.dp_size),
-        )
-        if value != 1
-    ]
-    single = algorithm is not None and algorithm.single_rank
-    name = algorithm.name if algorithm is not None else launch.algorithm
-    if single and given:
-        raise ConfigError(f"{given[0]}: {name} serves one rank for now (tp, pp and dp size 1)")
-    if single and launch.enable_dp_attention:
-        raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
+    sizes = {"tp_size": launch.tp_size, "pp_size": launch.pp_size, "dp_size": launch.dp_size}
+    given = [f"--{flag.replace('_', '-')} {value}" for flag, value in sizes.items() if value != 1]
+    if algorithm is not None:
+        served = ", ".join(f"--{f.replace('_', '-')}" for f in sorted(algorithm.parallel))
+        for flag, value in sizes.items():
+            if value != 1 and flag not in algorithm.parallel:
+                raise ConfigError(
+                    f"--{flag.replace('_', '-')} {value}: {algorithm.name} serves one rank on"
+                    f" that axis (sizes it serves above 1: {served or 'none'})"
+                )
+        if launch.enable_dp_attention and "tp_size" not in algorithm.parallel:
+            raise ConfigError(
+                f"--enable-dp-attention: {algorithm.name} does not support DP attention"
+            )
     if launch.device != "cpu" or launch.num_ranks == 1:
         return
     bind = os.environ.get(CPU_BIND_ENV) or "all"

@@ -46,8 +46,8 @@ class Algorithm(ABC):
     # hooked in by ``patches``): the launcher passes SGLang that name and records the choice
     # with ``mark``. The launch checks and shipped defaults of ours also serve SGLang's.
     runs_as: ClassVar[str | None] = None
-    # Whether it serves one rank only (tensor, pipeline and data parallel size 1).
-    single_rank: ClassVar[bool] = True
+    # The parallel sizes it serves above 1 (``tp_size``, ``dp_size``); none: one rank only.
+    parallel: ClassVar[frozenset[str]] = frozenset()
     # This process's config, bound by ``register`` (the plugin entry point) or ``bind``.
     _config: SpecConfig | None = None
 
@@ -150,7 +150,7 @@ class SglSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: Any) -> None:
         algorithm = self.algorithm
-        require_single_rank(algorithm.name, server_args)
+        require_parallel(algorithm, server_args)
         settings = algorithm.process_settings(server_args)
         num_steps, num_draft_tokens = algorithm.verify_shape(settings)
         server_args.speculative_num_steps = num_steps
@@ -188,8 +188,8 @@ class SglSpecAlgo(CustomSpecAlgo):
         return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
 
 
-def require_single_rank(name: str, server_args: Any) -> None:
-    """Refuse tensor / pipeline / data parallelism, which ``name`` does not support yet."""
+def require_parallel(algorithm: Algorithm, server_args: Any) -> None:
+    """Refuse the tensor / pipeline / data parallelism ``algorithm`` does not serve."""
     for flag in ("tp_size", "pp_size", "dp_size"):
-        if int(getattr(server_args, flag, 1) or 1) != 1:
-            raise ValueError(f"{name} supports --{flag.replace('_', '-')} 1 only for now")
+        if flag not in algorithm.parallel and int(getattr(server_args, flag, 1) or 1) != 1:
+            raise ValueError(f"{algorithm.name} supports --{flag.replace('_', '-')} 1 only")

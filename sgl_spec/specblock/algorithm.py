@@ -20,6 +20,7 @@ from sgl_spec.specblock.settings import SpecBlockSettings, load_settings
 class SpecBlock(Algorithm):
     name = "SPECBLOCK"
     cuda_graph_off_reason = "data-dependent trees"
+    parallel = frozenset({"dp_size"})
     own_draft_shape = "--specblock-k, --specblock-m and --specblock-max-nodes"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:

@@ -28,7 +28,7 @@ class StandaloneFull(Algorithm):
     name = NAME
     runs_as = "STANDALONE"
     uses_draft_model = True
-    single_rank = False
+    parallel = frozenset({"tp_size", "dp_size"})
     shipped_argv = SHIPPED_ARGV
     patches = ("sgl_spec.standalone.hook",)
 

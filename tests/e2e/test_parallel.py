@@ -1,10 +1,13 @@
-"""Two ranks on the CPU engine through the public launcher, ``--tp-size 2`` and
-``--dp-size 2`` with no core binding given (``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher
-gives each rank its cores), for ``none`` and STANDALONE_FULL. Lossless with two ranks: the
+"""Two ranks on the CPU engine through the public launcher, with no core binding given
+(``SGLANG_CPU_OMP_THREADS_BIND`` unset: the launcher gives each rank its cores).
+
+``--tp-size 2`` and ``--dp-size 2`` for ``none`` and STANDALONE_FULL (tiny models): the
 speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded float sums
-permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens
-1-2 follow the target's exact joint law (Pearson chi-square with a simulated null,
-alpha = 1e-4 per server: a correct server fails 1 run in 10 000).
+permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens 1-2
+follow the target's exact joint law. ``--dp-size 2`` for MTP_LORA and SPECBLOCK (shipped
+models): both replicas greedy-equal to the one-rank ``none`` server, and tokens 1-3 at
+T = 0.7 follow the law. Pearson chi-square with a simulated null, alpha = 1e-4 per server: a
+correct server fails 1 run in 10 000.
 
 SGLang seeds every data-parallel replica with the same ``--random-seed``: two replicas given
 the same batch draw the same samples (a round-robin batch comes back as identical pairs), so
@@ -13,9 +16,19 @@ own, at alpha / 2 each."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from tests.helpers.lossless import PROMPTS, chi_square_gof, joint_two_token_law
+from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
+from tests.helpers.lossless import (
+    PROMPTS,
+    assert_speculative_sampling_law,
+    chi_square_gof,
+    joint_law,
+    joint_two_token_law,
+)
+from tests.helpers.metrics import scrape, total
 from tests.helpers.server_utils import Server
 
 pytestmark = pytest.mark.server
@@ -77,3 +90,86 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
         result = chi_square_gof(pairs, law)
         assert result.num_cells >= 10, "law too peaked for a meaningful test"
         assert result.p_value > ALPHA / len(ranks), (rank, result)
+
+
+# MTP_LORA and SPECBLOCK under --dp-size 2, on the shipped target with their shipped adapter and
+# drafter (a draft only agrees with the target it was trained for, so drafts are accepted)
+SHIPPED_PROMPTS = [
+    "def read_lines(path):\n    with open(path) as f:\n        return ",
+    "import os\nimport sys\n",
+    "class Parser:\n    def __init__(self, text):\n        self.",
+    "for i in range(len(items)):\n    ",
+]
+SHIPPED_SAMPLING_PROMPT = "def __init__(self"
+SHIPPED_TEMPERATURE = 0.7
+DP_ALGORITHMS = {
+    "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
+    "SPECBLOCK": ["--max-running-requests", "256"],
+}
+
+
+def _shipped_greedy(server: Server, rank: int) -> list[dict]:
+    return server.generate(
+        {
+            "text": SHIPPED_PROMPTS,
+            "routed_dp_rank": rank,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 32},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def shipped_reference(tmp_path_factory) -> dict:
+    """The one-rank ``none`` server's greedy ids on the shipped target, and the target's exact
+    law of completion tokens 1-3 for the sampling prompt."""
+    from transformers import AutoTokenizer
+
+    server = Server(["--model-path", DEFAULT_TARGET], tmp_path_factory.mktemp("dp") / "none.log")
+    try:
+        out = server.generate(
+            {"text": SHIPPED_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 32}}
+        )
+    finally:
+        server.stop()
+    target = resolve_model_path(DEFAULT_TARGET)
+    ids = AutoTokenizer.from_pretrained(target)(SHIPPED_SAMPLING_PROMPT)["input_ids"]
+    law = joint_law(target, ids, SHIPPED_TEMPERATURE, NUM_SAMPLES, 3)
+    return {"greedy": [o["output_ids"] for o in out], "ids": ids, "law": law}
+
+
+@pytest.mark.parametrize("algorithm", sorted(DP_ALGORITHMS))
+def test_dp_replicas_of_our_algorithms_lossless(algorithm, shipped_reference, tmp_path):
+    """Each replica builds its own worker and speculative state: both serve the one-rank
+    ``none`` server's greedy ids (and count their verifies on the one ``/metrics``), and each
+    one's samples of tokens 1-3 (drawn apart, on both
+    replicas at once) follow the target's law (alpha / 2 each)."""
+    args = ["--model-path", DEFAULT_TARGET, "--dp-size", "2",
+            "--speculative-algorithm", algorithm, *DP_ALGORITHMS[algorithm]]  # fmt: skip
+    server = Server([*args, "--enable-metrics"], tmp_path / f"{algorithm}.log")
+    try:
+        before = total(scrape(server), "sglang:spec_verify_calls_total")
+        verify_ct = 0
+        for rank in (0, 1):
+            out = _shipped_greedy(server, rank)
+            assert [o["output_ids"] for o in out] == shipped_reference["greedy"], rank
+            verify_ct += sum(o["meta_info"]["spec_verify_ct"] for o in out)
+        # both replicas' series reach the one /metrics
+        after = total(scrape(server), "sglang:spec_verify_calls_total")
+        assert verify_ct > 0 and after - before == verify_ct
+
+        def law_of(rank: int) -> None:
+            assert_speculative_sampling_law(
+                server,
+                shipped_reference["ids"],
+                shipped_reference["law"],
+                temperature=SHIPPED_TEMPERATURE,
+                num_samples=NUM_SAMPLES,
+                alpha=ALPHA / 2,
+                min_cells=20,
+                payload={"routed_dp_rank": rank},
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(law_of, (0, 1)))
+    finally:
+        server.stop()

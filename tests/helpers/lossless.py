@@ -169,11 +169,13 @@ def assert_speculative_sampling_law(
     alpha: float,
     min_cells: int,
     min_accepted_share: float = 0.1,
+    payload: dict | None = None,
 ) -> None:
     """Sample 3 tokens ``num_samples`` times from a speculative server and test them against the
     target's exact joint law (chi-square at ``alpha``); at least ``min_accepted_share`` of the
     samples must have accepted a draft, or the test would not exercise speculative sampling
-    (0 for a server meant to run without drafts, e.g. MTP_LORA at k = 0)."""
+    (0 for a server meant to run without drafts, e.g. MTP_LORA at k = 0). ``payload``: more
+    request fields (``routed_dp_rank``)."""
     out = server.generate(
         {
             "input_ids": [input_ids] * num_samples,
@@ -182,6 +184,7 @@ def assert_speculative_sampling_law(
                 "max_new_tokens": 3,
                 "ignore_eos": True,
             },
+            **(payload or {}),
         }
     )
     accepted = sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in out)

@@ -180,11 +180,20 @@ DEVICES = {
 for name, extra in DEVICES.items():
     CASES[name] = (minedraft("draft", *extra), "--speculative-draft-device")
 PARALLEL = {"--tp-size": "2", "--pp-size": "2", "--dp-size": "2", "--enable-dp-attention": None}
+# the parallel sizes each serves above 1 (tests/e2e/test_parallel.py serves them)
+SERVED = {"STANDALONE": ("--tp-size", "--dp-size"), "STANDALONE_FULL": ("--tp-size", "--dp-size"),
+          "MTP_LORA": ("--dp-size",), "SPECBLOCK": ("--dp-size",)}  # fmt: skip
 for name, argv in GOOD.items():
     for flag, value in PARALLEL.items():
         extra = [flag] if value is None else [flag, value]
-        if not name.startswith("STANDALONE") or flag in ("--enable-dp-attention", "--pp-size"):
+        if flag not in SERVED.get(name, ()):
             CASES[f"{name}{flag}"] = ([*argv, *extra], flag)
+
+
+@pytest.mark.parametrize("name", sorted(SERVED))
+def test_the_parallel_sizes_served_pass(name, models) -> None:
+    for flag in SERVED[name]:
+        prepare_launch(fill([*GOOD[name], flag, "2", *CPU], models))
 
 
 def fill(argv: list[str], models: dict[str, str]) -> list[str]:

@@ -163,38 +163,40 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
             raise ConfigError(
                 f"--enable-dp-attention: {algorithm.name} does not support DP attention"
             )
+    local = launch.local_ranks  # SGLang indexes the core lists by this node's rank
     if launch.device != "cpu" or launch.num_ranks == 1:
         return
     bind = os.environ.get(CPU_BIND_ENV) or "all"
     if bind == "all":
         cores = len(os.sched_getaffinity(0))
-        if launch.num_ranks > cores:
+        if local > cores:
             raise ConfigError(
-                f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need a core each and"
+                f"{' x '.join(given)}: {local} ranks on this node's CPU need a core each and"
                 f" this process may use {cores}; serve fewer ranks"
             )
-    elif len(bind.split("|")) < launch.num_ranks:
+    elif len(bind.split("|")) < local:
         raise ConfigError(
-            f"{' x '.join(given)}: {launch.num_ranks} ranks on CPU need {launch.num_ranks}"
+            f"{' x '.join(given)}: {local} ranks on this node's CPU need {local}"
             f" '|'-separated core lists in {CPU_BIND_ENV}, got {bind!r}"
         )
 
 
-def rank_cores(num_ranks: int, environ: dict[str, str]) -> None:
+def rank_cores(num_ranks: int, environ: dict[str, str], local_ranks: int | None = None) -> None:
     """SGLang's CPU engine binds one rank per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND``
-    gives each rank its cores (and asserts at start when ranks outnumber nodes): where the user
-    set nothing and ranks outnumber nodes, split this process's cores into ``num_ranks``
-    contiguous lists, one per rank (``0-7|8-15``)."""
+    gives each rank its cores (and asserts at start when all nodes' ``num_ranks`` outnumber
+    this host's NUMA nodes): where the user set nothing and they do, split this process's cores
+    into one contiguous list per rank it runs (``local_ranks``, default all: ``0-7|8-15``)."""
     if num_ranks <= 1 or (environ.get(CPU_BIND_ENV) or "all") != "all":
         return
     from sglang.srt.utils.common import get_cpu_ids_by_node
 
     if num_ranks <= (len(get_cpu_ids_by_node()) or 1):
         return
+    local = num_ranks if local_ranks is None else local_ranks
     cores = sorted(os.sched_getaffinity(0))
-    share, extra = divmod(len(cores), num_ranks)
+    share, extra = divmod(len(cores), local)
     lists, start = [], 0
-    for rank in range(num_ranks):
+    for rank in range(local):
         part = cores[start : start + share + (rank < extra)]
         start += len(part)
         if len(part) == 1 or part[-1] - part[0] != len(part) - 1:

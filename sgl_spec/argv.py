@@ -67,11 +67,18 @@ class LaunchArgs:
     pp_size: int = 1
     dp_size: int = 1
     enable_dp_attention: bool = False
+    nnodes: int = 1  # --nnodes: the ranks are spread over that many node processes
 
     @property
     def num_ranks(self) -> int:
-        """Model-running processes SGLang starts: one per tensor, pipeline and data rank."""
+        """Model-running processes SGLang starts on all nodes: one per tensor, pipeline and
+        data rank."""
         return self.tp_size * self.pp_size * self.dp_size
+
+    @property
+    def local_ranks(self) -> int:
+        """The ranks this node process runs (SGLang splits them evenly over ``nnodes``)."""
+        return -(-self.num_ranks // self.nnodes)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> LaunchArgs:
@@ -97,6 +104,7 @@ class LaunchArgs:
             pp_size=_int_or_none(flag_value(argv, "--pp-size", "--pipeline-parallel-size")) or 1,
             dp_size=_int_or_none(flag_value(argv, "--dp-size", "--data-parallel-size")) or 1,
             enable_dp_attention=has_flag(argv, "--enable-dp-attention"),
+            nnodes=_int_or_none(flag_value(argv, "--nnodes")) or 1,
         )
 
     @classmethod
@@ -118,6 +126,7 @@ class LaunchArgs:
             pp_size=int(server_args.pp_size or 1),
             dp_size=int(server_args.dp_size or 1),
             enable_dp_attention=bool(server_args.enable_dp_attention),
+            nnodes=int(getattr(server_args, "nnodes", 1) or 1),
         )
 
 

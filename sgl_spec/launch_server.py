@@ -63,7 +63,8 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     from sgl_spec.algorithms import rank_cores
     from sgl_spec.argv import LaunchArgs
 
-    rank_cores(LaunchArgs.from_argv(argv).num_ranks, environ)
+    launch = LaunchArgs.from_argv(argv)
+    rank_cores(launch.num_ranks, environ, launch.local_ranks)
     for name, value in CPU_MALLOC_ENV.items():
         environ.setdefault(name, value)
     if not has_flag(argv, "--attention-backend"):

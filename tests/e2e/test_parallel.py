@@ -29,7 +29,7 @@ from tests.helpers.lossless import (
     joint_two_token_law,
 )
 from tests.helpers.metrics import scrape, total
-from tests.helpers.server_utils import Server
+from tests.helpers.server_utils import COMMON_ARGS, Server, ServerProcess, pick_port
 
 pytestmark = pytest.mark.server
 
@@ -173,3 +173,35 @@ def test_dp_replicas_of_our_algorithms_lossless(algorithm, shipped_reference, tm
             list(pool.map(law_of, (0, 1)))
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("algorithm", ["none", "STANDALONE_FULL"])
+def test_two_nodes_over_loopback(algorithm, tiny_models, baseline_greedy, tmp_path):
+    """``--tp-size 2`` over two node processes of this host (``--nnodes 2``, ``--node-rank
+    0|1``, ``--dist-init-addr`` on loopback), one core each: SGLang's multi-node path with the
+    plugin in every node's schedulers serves the one-rank server's greedy ids."""
+    flags = [*COMMON_ARGS, "--model-path", str(tiny_models["target"]), "--tp-size", "2",
+             "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{pick_port()}"]  # fmt: skip
+    if algorithm != "none":
+        flags += ["--speculative-algorithm", algorithm,
+                  "--speculative-draft-model-path", str(tiny_models["draft"]), *CHAIN]  # fmt: skip
+    bind = "SGLANG_CPU_OMP_THREADS_BIND"
+    follower = ServerProcess(
+        [*flags, "--node-rank", "1"], pick_port(), tmp_path / "node1.log", env={bind: "1"}
+    )
+    try:
+        leader = Server(
+            [*flags, "--node-rank", "0"], tmp_path / "node0.log", common=[], env={bind: "0"}
+        )
+        try:
+            out = leader.generate(
+                {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+            )
+            assert follower.proc.poll() is None, "node 1 exited while serving"
+        finally:
+            leader.stop()
+    finally:
+        follower.stop()
+    assert [o["output_ids"] for o in out] == baseline_greedy["short"]
+    if algorithm != "none":
+        assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)

@@ -102,3 +102,17 @@ def test_launcher_gives_each_rank_its_cores(monkeypatch: pytest.MonkeyPatch) -> 
     env = {}
     algorithms.rank_cores(1, env)
     assert env == {}
+    # --nnodes 2 with tp 2: one rank on this node, but SGLang compares all nodes' ranks with
+    # this host's NUMA nodes, so the node's one rank still gets a list (all its cores)
+    env = {}
+    algorithms.rank_cores(2, env, local_ranks=1)
+    assert env == {algorithms.CPU_BIND_ENV: "0,1,2,3,5"}
+
+
+def test_local_ranks_of_a_multi_node_launch() -> None:
+    from sgl_spec.argv import LaunchArgs
+
+    argv = ["--tp-size", "4", "--nnodes", "2", "--node-rank", "1"]
+    launch = LaunchArgs.from_argv([*argv, "--device", "cpu"])
+    assert (launch.num_ranks, launch.nnodes, launch.local_ranks) == (4, 2, 2)
+    assert LaunchArgs.from_argv(["--device", "cpu"]).local_ranks == 1

@@ -152,17 +152,17 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
     sizes = {"tp_size": launch.tp_size, "pp_size": launch.pp_size, "dp_size": launch.dp_size}
     given = [f"--{flag.replace('_', '-')} {value}" for flag, value in sizes.items() if value != 1]
     if algorithm is not None:
+        name = launch.algorithm  # as the user named it (SGLang's STANDALONE has our checks)
         served = ", ".join(f"--{f.replace('_', '-')}" for f in sorted(algorithm.parallel))
         for flag, value in sizes.items():
             if value != 1 and flag not in algorithm.parallel:
+                why = algorithm.parallel_why.get(flag)
                 raise ConfigError(
-                    f"--{flag.replace('_', '-')} {value}: {algorithm.name} serves one rank on"
-                    f" that axis (sizes it serves above 1: {served or 'none'})"
+                    f"--{flag.replace('_', '-')} {value}: {name} serves one rank on that axis"
+                    + (f": {why}" if why else f" (sizes it serves above 1: {served or 'none'})")
                 )
         if launch.enable_dp_attention and "tp_size" not in algorithm.parallel:
-            raise ConfigError(
-                f"--enable-dp-attention: {algorithm.name} does not support DP attention"
-            )
+            raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
     local = launch.local_ranks  # SGLang indexes the core lists by this node's rank
     if launch.device != "cpu" or launch.num_ranks == 1:
         return

@@ -437,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def lossless() -> dict:
         cases = variants(models, cuda, bench=False)
+        if only is not None and only - set(cases):
+            raise ValueError(
+                f"--cases: no such server {sorted(only - set(cases))}: {sorted(cases)}"
+            )
         cases = {n: v for n, v in cases.items() if only is None or n in only}
         # float32: in bf16 a random model's argmax flips with the kernels' shapes (decode vs
         # verify), which would hide what this checks, the algorithms' losslessness

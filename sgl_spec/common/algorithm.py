@@ -48,6 +48,8 @@ class Algorithm(ABC):
     runs_as: ClassVar[str | None] = None
     # The parallel sizes it serves above 1 (``tp_size``, ``dp_size``); none: one rank only.
     parallel: ClassVar[frozenset[str]] = frozenset()
+    # Why a size it does not serve cannot be served, where the reason is not just "not yet".
+    parallel_why: ClassVar[dict[str, str]] = {}
     # This process's config, bound by ``register`` (the plugin entry point) or ``bind``.
     _config: SpecConfig | None = None
 
@@ -192,4 +194,8 @@ def require_parallel(algorithm: Algorithm, server_args: Any) -> None:
     """Refuse the tensor / pipeline / data parallelism ``algorithm`` does not serve."""
     for flag in ("tp_size", "pp_size", "dp_size"):
         if flag not in algorithm.parallel and int(getattr(server_args, flag, 1) or 1) != 1:
-            raise ValueError(f"{algorithm.name} supports --{flag.replace('_', '-')} 1 only")
+            why = algorithm.parallel_why.get(flag)
+            raise ValueError(
+                f"{algorithm.name} supports --{flag.replace('_', '-')} 1 only"
+                + (f": {why}" if why else "")
+            )

@@ -29,6 +29,7 @@ class StandaloneFull(Algorithm):
     runs_as = "STANDALONE"
     uses_draft_model = True
     parallel = frozenset({"tp_size", "dp_size"})
+    parallel_why = {"pp_size": "SGLang's pipeline parallelism drafts with EAGLE only"}
     shipped_argv = SHIPPED_ARGV
     patches = ("sgl_spec.standalone.hook",)
 
@@ -43,11 +44,6 @@ class StandaloneFull(Algorithm):
         name = launch.algorithm
         if launch.enable_dp_attention:
             raise ValueError(f"--enable-dp-attention: {name} does not support DP attention")
-        if launch.pp_size != 1:
-            raise ValueError(
-                f"--pp-size {launch.pp_size}: SGLang's pipeline parallelism drafts with EAGLE"
-                f" only, not {name}"
-            )
         if launch.draft_model_path is None:
             raise ValueError(f"{name} needs --speculative-draft-model-path (the draft model)")
         check_draft_model(launch.draft_model_path, launch)

@@ -191,7 +191,11 @@ for name, argv in GOOD.items():
 
 
 @pytest.mark.parametrize("name", sorted(SERVED))
-def test_the_parallel_sizes_served_pass(name, models) -> None:
+def test_the_parallel_sizes_served_pass(name, models, monkeypatch) -> None:
+    from sgl_spec import algorithms
+
+    monkeypatch.delenv(algorithms.CPU_BIND_ENV, raising=False)
+    monkeypatch.setattr(algorithms.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     for flag in SERVED[name]:
         prepare_launch(fill([*GOOD[name], flag, "2", *CPU], models))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from sgl_spec.argv import LaunchArgs
-from sgl_spec.common.algorithm import Algorithm
+from sgl_spec.common.algorithm import Algorithm, unserved_size
 from sgl_spec.config import ConfigError, SpecConfig, split_argv
 
 SHAPE_FLAGS = ("num_steps", "eagle_topk", "num_draft_tokens")
@@ -153,14 +153,14 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
     given = [f"--{flag.replace('_', '-')} {value}" for flag, value in sizes.items() if value != 1]
     if algorithm is not None:
         name = launch.algorithm  # as the user named it (SGLang's STANDALONE has our checks)
-        served = ", ".join(f"--{f.replace('_', '-')}" for f in sorted(algorithm.parallel))
-        for flag, value in sizes.items():
-            if value != 1 and flag not in algorithm.parallel:
-                why = algorithm.parallel_why.get(flag)
-                raise ConfigError(
-                    f"--{flag.replace('_', '-')} {value}: {name} serves one rank on that axis"
-                    + (f": {why}" if why else f" (sizes it serves above 1: {served or 'none'})")
-                )
+        flag = unserved_size(algorithm, sizes)
+        if flag is not None:
+            served = ", ".join(f"--{f.replace('_', '-')}" for f in sorted(algorithm.parallel))
+            why = algorithm.parallel_why.get(flag)
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} {sizes[flag]}: {name} serves one rank on that axis"
+                + (f": {why}" if why else f" (sizes it serves above 1: {served or 'none'})")
+            )
         if launch.enable_dp_attention and "tp_size" not in algorithm.parallel:
             raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
     local = launch.local_ranks  # SGLang indexes the core lists by this node's rank

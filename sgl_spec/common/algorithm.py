@@ -190,12 +190,19 @@ class SglSpecAlgo(CustomSpecAlgo):
         return SpeculativeAlgorithm.create_future_map(self, *args, **kwargs)
 
 
+def unserved_size(algorithm: Algorithm, sizes: dict[str, int]) -> str | None:
+    """The first of ``sizes`` (``tp_size``, ``pp_size``, ``dp_size``: value) above 1 that
+    ``algorithm`` does not serve, or None."""
+    return next((f for f, v in sizes.items() if v != 1 and f not in algorithm.parallel), None)
+
+
 def require_parallel(algorithm: Algorithm, server_args: Any) -> None:
     """Refuse the tensor / pipeline / data parallelism ``algorithm`` does not serve."""
-    for flag in ("tp_size", "pp_size", "dp_size"):
-        if flag not in algorithm.parallel and int(getattr(server_args, flag, 1) or 1) != 1:
-            why = algorithm.parallel_why.get(flag)
-            raise ValueError(
-                f"{algorithm.name} supports --{flag.replace('_', '-')} 1 only"
-                + (f": {why}" if why else "")
-            )
+    sizes = {f: int(getattr(server_args, f, 1) or 1) for f in ("tp_size", "pp_size", "dp_size")}
+    flag = unserved_size(algorithm, sizes)
+    if flag is not None:
+        why = algorithm.parallel_why.get(flag)
+        raise ValueError(
+            f"{algorithm.name} supports --{flag.replace('_', '-')} 1 only"
+            + (f": {why}" if why else "")
+        )

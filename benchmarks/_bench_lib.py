@@ -84,6 +84,12 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
     # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks
     "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
+    # the node budget chosen per step by the speculation controller (sgl_spec/control), up to
+    # the shipped --specblock-max-nodes; budget 1 is a step without drafts
+    "specblock-auto": Algorithm(
+        ("--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "auto"),
+        own_speculative_flags=True,
+    ),
     # the same drafter trained with K = 1 at the same tree budget (depth M * K = 8; node budget
     # --specblock-max-nodes, the launcher's default on the shipped target when not given)
     "specblock-k1": Algorithm(

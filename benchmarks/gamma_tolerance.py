@@ -14,7 +14,7 @@ Only ``ModelRunner.forward`` is timed; batch construction is outside the clock. 
 a plain prefill's one row per request.
 
 The script also prints the speedup that equation 1, S = λ·τ(γ+1) / (1 + γ·δ·τ(γ+1)),
-predicts from these τ for each ``--lam`` and ``--delta``; ``sgl_spec.mtp.cost_model`` loads the
+predicts from these τ for each ``--lam`` and ``--delta``; ``sgl_spec.control.cost_model`` loads the
 JSON as the controller's ``GammaTable``. On a CUDA-less host the same CPU settings as
 ``sgl_spec.launch_server`` are applied (``--device cpu``, ``SGLANG_USE_CPU_ENGINE=1``,
 ``--attention-backend intel_amx``, overlap schedule off) and sgl_kernel's CPU ops come from
@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _bench_lib import host_info  # noqa: E402
 
+from sgl_spec.control.cost_model import predicted_speedup  # noqa: E402
 from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path  # noqa: E402
-from sgl_spec.mtp.cost_model import predicted_speedup  # noqa: E402
 
 SCHEMA_VERSION = 1
 # Token ids of the synthetic prompts: inside any real vocabulary (tests use 512 tokens).

@@ -7,7 +7,7 @@ style, for MTP_LORA, SPECBLOCK and MINEDRAFT (docs/metrics.md lists every name):
 - per draft position: drafts offered and accepted (counters) and their ratio (gauge);
 - draft and verify time per decode step (histograms; MTP_LORA drafts inside its verify
   forward, so its draft time is 0);
-- MTP_LORA: the controller's chosen k (histogram);
+- MTP_LORA and SPECBLOCK under their controller: the drafts per request chosen (histogram);
 - SPECBLOCK: verified tree size (histogram), adaptation updates and rollbacks (counters);
 - MINEDRAFT: the overlap ratio, the two batches' sizes, draft-server restarts.
 
@@ -132,7 +132,8 @@ class SpecMetrics:
             self._labels(hist).observe(seconds)
 
     def observe_k(self, k: int) -> None:
-        """MTP_LORA: the number of mask tokens (drafts) the controller chose for a step."""
+        """The drafts per request chosen for a step: MTP_LORA's mask tokens, SPECBLOCK's node
+        budget - 1."""
         self.interval.k_counts[k] = self.interval.k_counts.get(k, 0) + 1
         if self.enabled:
             hist = self._series(

@@ -18,7 +18,7 @@ class MtpSettings:
     k_max: int  # the adapter's trained mask count
     fixed_k: int  # drafts per step when the controller is off
     mask_token_ids: list[int]
-    controller: Any | None  # sgl_spec.mtp.controller.SpeculationController when --mtp-k auto
+    controller: Any | None  # sgl_spec.control.controller.SpeculationController when --mtp-k auto
 
     @property
     def max_k(self) -> int:
@@ -105,20 +105,9 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
     return tuple(min(max(a, 0.0), 1.0) for a in conditional)
 
 
-# The served controller's tuning (``ControllerConfig`` fields). Online calibration
-# (sgl_spec/mtp/controller.py): T(k) counts as measured after ``calibrate_steps`` served steps;
-# probes last two steps so that the second verifies real drafts and updates α. A probe or a
-# switch back on costs a step without drafts, hence rare probes and a margin to switch on. A
-# fresh server's first decode steps run several times slower than the rest (lazy
-# initialisation); with them in T(0) a k > 0 looked cheap and ran for hundreds of steps, hence
-# ``warmup_steps``.
-SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
-                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10}  # fmt: skip
-
-
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
-    from sgl_spec.mtp.controller import ControllerConfig, SpeculationController
-    from sgl_spec.mtp.cost_model import GammaTable, MTPGatedLoRACost
+    from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
+    from sgl_spec.control.cost_model import GammaTable, MTPGatedLoRACost
 
     table = None
     if table_path is not None:

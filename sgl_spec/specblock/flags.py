@@ -55,6 +55,17 @@ class SpecBlockFlags:
         kind=int,
         bounds=(2, MAX_SPECBLOCK_NODES),
     )
+    specblock_budget: str = flag(
+        "fixed",
+        "--specblock-budget",
+        "SPECBLOCK: 'fixed' (default) verifies up to --specblock-max-nodes nodes every step;"
+        " 'auto' lets the speculation controller (sgl_spec/control) choose each step's node"
+        " budget among 1 (no drafts: a plain decode step), 2, 4, ... and"
+        " --specblock-max-nodes, from the measured step time and the running acceptance of"
+        " each budget at the current batch size; 'cycle' takes those budgets in turn, one"
+        " step each (every switch exercised: for tests, not for serving).",
+        choices=("fixed", "auto", "cycle"),
+    )
     specblock_rank_head: str = flag(
         "on",
         "--specblock-rank-head",

@@ -26,6 +26,17 @@ class SpecBlockSettings:
     draft: DraftSettings
     adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
     drafter_dtype: str = "auto"  # --specblock-drafter-dtype (resolved by ``drafter_dtype``)
+    budget: str = "fixed"  # --specblock-budget: fixed, auto (the controller) or cycle
+
+    def budgets(self) -> tuple[int, ...]:
+        """The node budgets the controller chooses from, cheapest first: 1 (the root alone, no
+        drafts), then powers of two below ``max_nodes``, then ``max_nodes``."""
+        top = self.draft.max_nodes
+        return (*(1 << i for i in range(top.bit_length()) if 1 << i < top), top)
+
+    def budget_drafts(self) -> tuple[int, ...]:
+        """The most drafts one request can accept under each of ``budgets()``."""
+        return tuple(min(n - 1, self.max_depth) for n in self.budgets())
 
     @property
     def max_depth(self) -> int:
@@ -121,7 +132,15 @@ def load_settings(config: SpecConfig, model_path: str | None = None) -> SpecBloc
     adapt = None
     if config.specblock_adapt:
         adapt = AdaptConfig.parse(config.specblock_adapt_options)
-    return SpecBlockSettings(path, drafter_config, k, draft, adapt, config.specblock_drafter_dtype)
+    return SpecBlockSettings(
+        path,
+        drafter_config,
+        k,
+        draft,
+        adapt,
+        config.specblock_drafter_dtype,
+        budget=config.specblock_budget,
+    )
 
 
 def drafter_dtype(choice: str, target_dtype: torch.dtype) -> torch.dtype:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -26,10 +27,17 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
+from sgl_spec.control.controller import budget_controller
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
-from sgl_spec.specblock.drafting import DraftResult, PrefixContext, extend_prefix, grow_trees
+from sgl_spec.specblock.drafting import (
+    DraftResult,
+    DraftSettings,
+    PrefixContext,
+    extend_prefix,
+    grow_trees,
+)
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
@@ -78,6 +86,20 @@ class SpecBlockWorker(TargetWrappingWorker):
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
+        # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
+        varied = settings.budget != "fixed"
+        self.budgets = settings.budgets() if varied else (settings.draft.max_nodes,)
+        self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
+        self.controller = (
+            budget_controller(self.budgets, settings.budget_drafts())
+            if settings.budget == "auto"
+            else None
+        )
+        self._num_steps = 0
+        if varied:
+            logger.info(
+                "SPECBLOCK: node budget per step (%s) among %s", settings.budget, self.budgets
+            )
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -234,9 +256,14 @@ class SpecBlockWorker(TargetWrappingWorker):
         seq_lens = batch.seq_lens.to(torch.long)
         seq_lens_list = seq_lens.tolist()
         roots = state.bonus_tokens.to(torch.long).tolist()
-        drafted, context = self._draft(reqs, seq_lens, state, roots)
+        k = self._choose_budget(seq_lens_list)
+        settings = self._budget_settings[k]
+        if settings.max_nodes > 1:
+            drafted, context = self._draft(reqs, seq_lens, state, roots, settings)
+        else:  # no drafts this step: the root alone, the drafter only follows (extend below)
+            drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
         draft_s = time.perf_counter() - tic
-        width = self.draft_settings.max_nodes
+        width = settings.max_nodes
         dev = self.device
         result, packed = verify_trees(
             self,
@@ -244,7 +271,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             drafted.trees,
             seq_lens_list,
             width,
-            self.settings.verify_depth,
+            min(self.settings.verify_depth, width - 1),  # a tree of `width` nodes is no deeper
             capture_hidden=True,
         )
         accept_lens = result.accept_lens.to(torch.long)  # accepted drafts + 1 (root included)
@@ -273,10 +300,19 @@ class SpecBlockWorker(TargetWrappingWorker):
             new_seq_lens=result.new_seq_lens,
         )
         paths = accepted_path(result.accept_index, width)
-        if self.adapter is not None:
+        if self.adapter is not None and width > 1:
             self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
-        self._observe(drafted, packed.num_nodes, paths, draft_s, tic)
+        self._observe(drafted, packed.num_nodes, paths, draft_s, tic, k)
         return result
+
+    def _choose_budget(self, seq_lens: list[int]) -> int:
+        """This step's setting, an index into ``budgets``: the controller's, the next in turn
+        (cycle), or the one fixed budget."""
+        self._num_steps += 1
+        if self.controller is None:
+            return self._num_steps % len(self.budgets)
+        ctx = sum(seq_lens) // max(len(seq_lens), 1)
+        return self.controller.choose_k(len(seq_lens), ctx)
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
@@ -302,7 +338,9 @@ class SpecBlockWorker(TargetWrappingWorker):
         except Exception:
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 
-    def _draft(self, reqs, seq_lens, state, roots) -> tuple[DraftResult, PrefixContext | None]:
+    def _draft(
+        self, reqs, seq_lens, state, roots, settings: DraftSettings
+    ) -> tuple[DraftResult, PrefixContext | None]:
         """Grow the trees, and the drafter context they read (the extend after the verify
         reads the same rows); on any drafter failure verify the roots alone (plain decoding)."""
         try:
@@ -313,7 +351,7 @@ class SpecBlockWorker(TargetWrappingWorker):
                 state.root_cond.to(self.drafter_dtype),
                 roots,
                 seq_lens,
-                self.draft_settings,
+                settings,
                 block_size=self.block_size,
             )
             return drafted, prefix
@@ -328,6 +366,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         paths: list[list[int]],  # per request, accepted nodes root first
         draft_s: float,
         tic: float,
+        k: int,  # the controller's setting (budgets[k] nodes)
     ) -> None:
         offered = [
             offered_depth(tree.parents, path)
@@ -340,6 +379,11 @@ class SpecBlockWorker(TargetWrappingWorker):
         )
         self.metrics.observe_step(num_accepted, offered, draft_s, step_s - draft_s)
         self.metrics.observe_trees(num_nodes)
+        if len(self.budgets) > 1:
+            self.metrics.observe_k(self.budgets[k] - 1)
+        if self.controller is not None:
+            self.controller.observe_step(k, len(num_accepted), step_s)
+            self.controller.observe(k, num_accepted)
         if self.adapter is not None:
             bandit = self.adapter.bandit
             self.metrics.set_adaptation(bandit.num_updates, bandit.num_rollbacks)

@@ -1,4 +1,4 @@
-"""sgl_spec.mtp.controller and its cost model: equation 1, the τ table, step times, and the k
+"""sgl_spec.control.controller and its cost model: equation 1, the τ table, step times, and the k
 chosen from τ and acceptance."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from sgl_spec.mtp.controller import ControllerConfig, SpeculationController
-from sgl_spec.mtp.cost_model import (
+from sgl_spec.control.controller import ControllerConfig, SpeculationController
+from sgl_spec.control.cost_model import (
     DrafterCost,
     GammaTable,
     MTPGatedLoRACost,
     predicted_speedup,
 )
-from sgl_spec.mtp.step_times import StepTimes, batch_bucket
+from sgl_spec.control.step_times import StepTimes, batch_bucket
 
 BATCH_SIZES = (1, 16, 128)
 CTX_LENS = (128, 1024)
@@ -413,7 +413,7 @@ def test_switch_on_margin_is_hysteresis() -> None:
     config = {"k_max": 1, "margin": 0.0, "switch_on_margin": 0.05, "explore_every": 0}
     on = controller(MODERATE, alpha_prior=0.6, **config)
     assert on.choose_k(1, 128) == 1
-    on.alphas = [0.43]
+    on.acceptance.alphas = [0.43]
     assert on.choose_k(1, 128) == 1  # already speculating: a marginal gain keeps it on
     off = controller(MODERATE, alpha_prior=0.43, **config)
     assert all(off.choose_k(1, 128) == 0 for _ in range(5))  # not worth switching on

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 import gamma_tolerance as bench  # noqa: E402
 
-from sgl_spec.mtp.controller import ControllerConfig, SpeculationController  # noqa: E402
-from sgl_spec.mtp.cost_model import GammaTable, MTPGatedLoRACost  # noqa: E402
+from sgl_spec.control.controller import ControllerConfig, SpeculationController  # noqa: E402
+from sgl_spec.control.cost_model import GammaTable, MTPGatedLoRACost  # noqa: E402
 
 POINT_KEYS = {
     "batch_size", "ctx_len", "gamma", "mean_ms", "median_ms", "p10_ms", "p90_ms", "num_iters",

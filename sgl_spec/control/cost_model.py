@@ -170,3 +170,24 @@ class DrafterCost:
 
     def tokens_per_step(self, k: int) -> int:
         return k + 1
+
+
+@dataclass(frozen=True)
+class BudgetCost:
+    """Settings that are node budgets of one verified tree per request (SPECBLOCK): setting k
+    verifies ``budgets[k]`` tokens per request; the drafter's cost is measured, not modelled
+    (δ = 0: only the online step times price it)."""
+
+    budgets: tuple[int, ...]
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (
+            not self.budgets
+            or self.budgets[0] != 1
+            or list(self.budgets) != sorted(set(self.budgets))
+        ):
+            raise ValueError(f"budgets must rise from 1 (no drafts): {self.budgets}")
+
+    def tokens_per_step(self, k: int) -> int:
+        return self.budgets[k]

@@ -1,4 +1,9 @@
-"""Choose how many drafts to speculate per step from measured γ-tolerance and live acceptance.
+"""Choose how much to speculate per step from measured step times and live acceptance.
+
+Shared by the algorithms (``sgl_spec/control``): each indexes its settings by k = 0..k_max,
+ordered by cost, k = 0 a step without drafts -- MTP_LORA's k is its number of mask drafts,
+SPECBLOCK's its tree node budget (``acceptance.BudgetAcceptance``). The rest of this docstring
+speaks of k drafts, the case the seed paper treats.
 
 Seed paper §3.1: a step that proposes γ drafts has the speedup S of equation 1, from λ, the
 *acceptance length* (accepted drafts plus the bonus token), τ(γ+1) = T(1)/T(γ+1) and the
@@ -33,8 +38,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 
-from sgl_spec.mtp.cost_model import GammaTable, StepCost, predicted_speedup
-from sgl_spec.mtp.step_times import StepTimes
+from sgl_spec.control.acceptance import AcceptanceModel, BudgetAcceptance, ChainAcceptance
+from sgl_spec.control.cost_model import BudgetCost, GammaTable, StepCost, predicted_speedup
+from sgl_spec.control.step_times import StepTimes
+
+# The served controller's tuning (``ControllerConfig`` fields), one for every algorithm. T(k)
+# counts as measured after ``calibrate_steps`` served steps; probes last two steps so that the
+# second verifies real drafts and updates the acceptance. A probe or a switch back on costs a
+# step without drafts, hence rare probes and a margin to switch on. A fresh server's first
+# decode steps run several times slower than the rest (lazy initialisation); with them in T(0)
+# a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``.
+SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
+                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10}  # fmt: skip
 
 # While probes keep confirming that speculation does not pay, the wait between them doubles up
 # to this multiple of ``explore_every``; a step that speculates on merit resets it.
@@ -125,13 +140,12 @@ class Decision:
 
 
 class SpeculationController:
-    """argmax_k S(k) = λ(k)·τ(γ(k)) / (1 + k·δ·τ(γ(k))) over k in [0, k_max], with
-    λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j from running per-position acceptance estimates.
-
-    α_j is estimated conditionally (accepted among the requests that reached draft j) rather
-    than as one EWMA of whole accept lengths, so observations made at one k stay valid for
-    predicting another. A position beyond the k in use is never observed and keeps its last
-    estimate. τ comes from the table, or, with online calibration, from measured step times.
+    """argmax_k S(k) = λ(k)·τ(γ(k)) / (1 + k·δ·τ(γ(k))) over the settings k in [0, k_max],
+    ordered by cost (k = 0: no speculation), with λ(k) from an acceptance model
+    (``acceptance.py``): by default a chain's, λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j from running
+    per-position estimates, α_j estimated conditionally (accepted among the requests that
+    reached draft j) so that observations made at one k stay valid for predicting another.
+    τ comes from the table, or, with online calibration, from measured step times.
 
     ``predict`` and ``best`` are pure; ``decide``/``choose_k`` add calibration and probes,
     ``observe`` updates α and ``observe_step`` the step times -- the only places that change
@@ -139,7 +153,11 @@ class SpeculationController:
     """
 
     def __init__(
-        self, table: GammaTable | None, cost: StepCost, config: ControllerConfig | None = None
+        self,
+        table: GammaTable | None,
+        cost: StepCost,
+        config: ControllerConfig | None = None,
+        acceptance: AcceptanceModel | None = None,
     ) -> None:
         self.table = table
         self.cost = cost
@@ -152,7 +170,12 @@ class SpeculationController:
                 f"k_max={self.config.k_max} needs τ at γ={largest} tokens per request, but the "
                 f"table stops at γ={table.max_gamma}; measure larger --gammas or lower k_max"
             )
-        self.alphas = self.config.prior()
+        # λ(k): per-position α of a chain unless the algorithm's settings need another model
+        self.acceptance = acceptance or ChainAcceptance(
+            self.config.prior(), self.config.ewma_weight
+        )
+        if self.acceptance.most_accepted(0) != 0:
+            raise ValueError("setting k = 0 of an acceptance model must have no drafts")
         self.times = StepTimes(
             window=self.config.time_window, min_samples=max(self.config.calibrate_steps, 1)
         )
@@ -166,13 +189,14 @@ class SpeculationController:
     def calibrating(self) -> bool:
         return self.config.calibrate_steps > 0
 
+    @property
+    def alphas(self) -> list[float]:
+        """The per-position α of the chain model (``ChainAcceptance``)."""
+        return self.acceptance.alphas  # type: ignore[attr-defined]
+
     def acceptance_length(self, k: int) -> float:
         """λ(k): 1 (the bonus token) + expected number of accepted drafts."""
-        lam, survive = 1.0, 1.0
-        for alpha in self.alphas[:k]:
-            survive *= alpha
-            lam += survive
-        return lam
+        return self.acceptance.length(k)
 
     def predict(self, k: int, batch_size: int, ctx_len: int) -> Decision:
         """Predicted S for exactly ``k`` drafts (k = 0: no speculation, S = 1 by definition)."""
@@ -284,21 +308,28 @@ class SpeculationController:
             self.times.update(batch_size, k, seconds)
 
     def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
-        """Update α from one request's accepted-draft count, or one count per request of a
-        batch. Draft j was *reached* when drafts 1..j-1 were accepted; α_j moves toward the
-        fraction of reaching requests that accepted it, one EWMA step per call."""
+        """Update the acceptance model from one request's accepted-draft count, or one count
+        per request of a batch, at setting ``k_used``."""
         if isinstance(num_accepted_drafts, Integral):
             counts = [int(num_accepted_drafts)]
         else:
             counts = [int(a) for a in num_accepted_drafts]
         if k_used < 0 or k_used > self.config.k_max:
             raise ValueError(f"k_used must lie in [0, {self.config.k_max}], got {k_used}")
-        if any(not 0 <= a <= k_used for a in counts):
-            raise ValueError(f"num_accepted_drafts must lie in [0, {k_used}], got {counts}")
-        weight = self.config.ewma_weight
-        for j in range(1, k_used + 1):
-            reached = sum(1 for a in counts if a >= j - 1)
-            if reached == 0:
-                break
-            accepted = sum(1 for a in counts if a >= j)
-            self.alphas[j - 1] += weight * (accepted / reached - self.alphas[j - 1])
+        most = self.acceptance.most_accepted(k_used)
+        if any(not 0 <= a <= most for a in counts):
+            raise ValueError(f"num_accepted_drafts must lie in [0, {most}], got {counts}")
+        self.acceptance.observe(k_used, counts)
+
+
+def budget_controller(
+    budgets: Sequence[int], max_drafts: Sequence[int], alpha: float = 0.7
+) -> SpeculationController:
+    """The served controller over draft budgets (``budgets[0]`` = 1: the root alone, no
+    drafts; ``max_drafts[k]``: the most drafts a request can accept under ``budgets[k]``),
+    calibrated online from served step times. Before a budget is observed it is expected to
+    accept a chain's worth at acceptance ``alpha`` per position, up to its ``max_drafts``."""
+    prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
+    config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **SERVED_TUNING)
+    acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
+    return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

@@ -1,0 +1,9 @@
+"""The speculation controller every algorithm shares: per step, the setting (drafts, tree
+nodes, or none) of highest predicted tokens per second, from measured step times and the
+running acceptance.
+
+- ``controller``: ``SpeculationController`` and its ``ControllerConfig``.
+- ``acceptance``: λ(k) per setting (a chain's per-position α, or per-budget estimates).
+- ``step_times``: served step times per batch-size bucket and setting (online calibration).
+- ``cost_model``: equation 1 of the large-batch paper and its measured γ-tolerance table.
+"""

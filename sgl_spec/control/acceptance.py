@@ -1,0 +1,99 @@
+"""How many drafts a step is expected to commit, per setting of the speculation controller.
+
+``SpeculationController`` (``controller.py``) indexes an algorithm's settings by k = 0..k_max,
+ordered by cost (k = 0: no drafts), and reads λ(k), the *acceptance length* (accepted drafts
+plus the bonus token), from one of these models; each is updated from the accepted-draft
+counts the served steps report. Pure (no SGLang).
+
+- ``ChainAcceptance``: k drafts in a chain (MTP_LORA's masks, a draft model's chain): the
+  conditional acceptance α_j of each position, so that what is observed at one k predicts
+  another.
+- ``BudgetAcceptance``: settings that are budgets of one drafter's proposals (SPECBLOCK's tree
+  node budgets): the accepted drafts of each budget are observed on their own, and a larger
+  budget is expected to accept no fewer (its tree keeps the smaller one's best nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class AcceptanceModel(Protocol):
+    def length(self, k: int) -> float:
+        """λ(k): 1 (the bonus token) + the expected number of accepted drafts at setting k."""
+        ...
+
+    def most_accepted(self, k: int) -> int:
+        """The most drafts one request can accept in a step at setting k."""
+        ...
+
+    def observe(self, k: int, counts: Sequence[int]) -> None:
+        """One step at setting k accepted ``counts[i]`` drafts for request i."""
+        ...
+
+
+class ChainAcceptance:
+    """α_j = P(draft j accepted | drafts 1..j-1 were), one running estimate per position;
+    λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j. A position beyond the k in use is not observed and keeps
+    its last estimate."""
+
+    def __init__(self, prior: Sequence[float], weight: float) -> None:
+        self.alphas = [float(a) for a in prior]
+        self.weight = weight
+
+    def length(self, k: int) -> float:
+        lam, survive = 1.0, 1.0
+        for alpha in self.alphas[:k]:
+            survive *= alpha
+            lam += survive
+        return lam
+
+    def most_accepted(self, k: int) -> int:
+        return k
+
+    def observe(self, k: int, counts: Sequence[int]) -> None:
+        """Draft j was *reached* when drafts 1..j-1 were accepted; α_j moves toward the fraction
+        of reaching requests that accepted it, one EWMA step per call."""
+        for j in range(1, k + 1):
+            reached = sum(1 for a in counts if a >= j - 1)
+            if reached == 0:
+                break
+            accepted = sum(1 for a in counts if a >= j)
+            self.alphas[j - 1] += self.weight * (accepted / reached - self.alphas[j - 1])
+
+
+class BudgetAcceptance:
+    """One running mean of accepted drafts per request for each setting k (a budget of
+    ``max_drafts[k]`` acceptable drafts at most; ``max_drafts[0]`` is 0). Before a setting is
+    observed its estimate is ``prior[k]`` (the accepted drafts expected there). λ(k) is the
+    largest estimate among settings 0..k, plus 1: a larger budget keeps at least the smaller
+    one's drafts, so it cannot be expected to accept fewer."""
+
+    def __init__(self, max_drafts: Sequence[int], prior: Sequence[float], weight: float) -> None:
+        if len(prior) != len(max_drafts) or not max_drafts or max_drafts[0] != 0:
+            raise ValueError(
+                f"need one prior per setting and setting 0 without drafts: {max_drafts}, {prior}"
+            )
+        if any(not 0 <= p <= m for p, m in zip(prior, max_drafts, strict=True)):
+            raise ValueError(f"prior accepted drafts must lie in [0, max_drafts]: {prior}")
+        self.max_drafts = [int(m) for m in max_drafts]
+        self.estimates = [float(p) for p in prior]
+        self.num_observed = [0] * len(prior)
+        self.weight = weight
+
+    def length(self, k: int) -> float:
+        return 1.0 + max(self.estimates[: k + 1])
+
+    def most_accepted(self, k: int) -> int:
+        return self.max_drafts[k]
+
+    def observe(self, k: int, counts: Sequence[int]) -> None:
+        if not counts or k == 0:
+            return
+        # The prior is only a guess: the first observations are averaged (the first replaces
+        # it), later ones enter as an EWMA of weight ``weight``.
+        self.num_observed[k] += 1
+        weight = max(self.weight, 1.0 / self.num_observed[k])
+        mean = sum(counts) / len(counts)
+        self.estimates[k] += weight * (mean - self.estimates[k])

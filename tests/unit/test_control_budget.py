@@ -1,0 +1,141 @@
+"""sgl_spec.control over node budgets (SPECBLOCK's ``--specblock-budget auto``): the
+per-budget acceptance model, the budgets a launch offers, and the served controller choosing
+a budget from simulated step times and acceptance, following a load change both ways."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sgl_spec.control.acceptance import BudgetAcceptance, ChainAcceptance
+from sgl_spec.control.controller import SpeculationController, budget_controller
+from sgl_spec.control.cost_model import BudgetCost
+from sgl_spec.specblock.drafting import DraftSettings
+from sgl_spec.specblock.settings import SpecBlockSettings
+
+BUDGETS = (1, 2, 4, 8)
+MAX_DRAFTS = (0, 1, 3, 7)
+
+
+def test_budget_acceptance_averages_first_then_follows_as_an_ewma() -> None:
+    model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.7, 1.5, 2.0], weight=0.25)
+    assert [model.length(k) for k in range(4)] == pytest.approx([1.0, 1.7, 2.5, 3.0])
+    model.observe(2, [0, 0])  # the first observation replaces the prior
+    assert model.estimates[2] == 0.0
+    model.observe(2, [2, 2])  # the second: the mean of the two
+    assert model.estimates[2] == pytest.approx(1.0)
+    for _ in range(3):
+        model.observe(2, [1])
+    model.observe(2, [3])  # fifth: 1/5 < the weight, so the EWMA weight applies
+    assert model.estimates[2] == pytest.approx(1.0 + 0.25 * (3 - 1.0))
+    model.observe(0, [0, 0])  # a step without drafts says nothing
+    assert model.num_observed[0] == 0
+
+
+def test_budget_acceptance_is_monotone_in_the_budget() -> None:
+    model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.9, 2.0, 3.0], weight=0.1)
+    model.observe(3, [0])  # an unlucky step at the largest budget
+    assert model.length(3) == pytest.approx(3.0)  # still keeps budget 4's expectation
+    assert model.most_accepted(3) == 7
+
+
+@pytest.mark.parametrize(
+    ("max_drafts", "prior"),
+    [((1, 3), (0.0, 1.0)), ((0, 3), (0.0,)), ((0, 1), (0.0, 2.0)), ((), ())],
+)
+def test_budget_acceptance_refuses_bad_shapes(max_drafts, prior) -> None:
+    with pytest.raises(ValueError):
+        BudgetAcceptance(max_drafts, prior, weight=0.1)
+
+
+def test_budget_cost_needs_budgets_rising_from_one() -> None:
+    assert BudgetCost(BUDGETS).tokens_per_step(3) == 8
+    for bad in ((), (2, 4), (1, 4, 2), (1, 1, 2)):
+        with pytest.raises(ValueError):
+            BudgetCost(bad)
+
+
+class _DraftsAtZero(ChainAcceptance):
+    def most_accepted(self, k: int) -> int:
+        return k + 1
+
+
+def test_controller_refuses_a_setting_zero_with_drafts() -> None:
+    config = budget_controller((1, 2), (0, 1)).config
+    with pytest.raises(ValueError, match="k = 0"):
+        SpeculationController(None, BudgetCost((1, 2)), config, _DraftsAtZero([0.5], 0.1))
+
+
+@pytest.mark.parametrize(
+    ("max_nodes", "num_blocks", "budgets", "drafts"),
+    [
+        (8, 2, (1, 2, 4, 8), (0, 1, 3, 7)),
+        (5, 2, (1, 2, 4, 5), (0, 1, 3, 4)),
+        (2, 2, (1, 2), (0, 1)),
+        (32, 1, (1, 2, 4, 8, 16, 32), (0, 1, 3, 4, 4, 4)),  # depth M*K = 4 bounds the path
+    ],
+)
+def test_specblock_budgets(max_nodes, num_blocks, budgets, drafts) -> None:
+    draft = DraftSettings(num_blocks=num_blocks, max_nodes=max_nodes)
+    settings = SpecBlockSettings("d", None, 4, draft, budget="auto")  # K = 4
+    assert settings.budgets() == budgets
+    assert settings.budget_drafts() == drafts
+
+
+# --- the served controller on a simulated host ----------------------------------------------
+
+
+# Mean accepted drafts per request under each budget: diminishing returns, as real trees give.
+GOOD = (0.0, 0.7, 1.5, 2.1)
+NOTHING = (0.0, 0.0, 0.0, 0.0)
+
+
+def serve(ctrl, bs: int, steps: int, node_cost: float, accepted=GOOD) -> Counter:
+    """``steps`` served steps of ``bs`` requests: a step of budget n costs 1 + node_cost·n·bs
+    (ms), and its requests accept ``accepted[k]`` drafts on average (whole counts whose
+    running mean is exactly that)."""
+    chosen: Counter = Counter()
+    carry = 0.0
+    for _ in range(steps):
+        k = ctrl.choose_k(bs, 256)
+        chosen[BUDGETS[k]] += 1
+        ctrl.observe_step(k, bs, 0.001 * (1 + node_cost * BUDGETS[k] * bs))
+        counts = []
+        for _ in range(bs):
+            carry += accepted[k]
+            counts.append(int(carry))
+            carry -= int(carry)
+        ctrl.observe(k, counts)
+    return chosen
+
+
+def test_budget_controller_picks_the_budget_of_most_tokens_per_second() -> None:
+    # bs 4, a node costs 0.05 ms a request: tokens per ms 0.83, 1.21, 1.39, 1.19 for 1..8 nodes
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    chosen = serve(ctrl, 4, 600, node_cost=0.05)
+    assert chosen[4] > 0.8 * 600
+
+
+def test_budget_controller_turns_drafting_off_where_nothing_is_accepted() -> None:
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    chosen = serve(ctrl, 4, 600, node_cost=0.05, accepted=NOTHING)
+    assert chosen[1] > 0.9 * 600
+
+
+def test_budget_controller_follows_a_load_step_both_ways() -> None:
+    """bs 1 where 8 nodes pay (tokens per ms 0.95, 1.55, 2.08, 2.21), then bs 32 where no
+    draft pays (0.238, 0.230, 0.181, 0.117: a node costs 0.1 ms a request), then bs 1 again:
+    the choice follows each way within the calibration of the new batch-size bucket."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    assert serve(ctrl, 1, 400, node_cost=0.05)[8] > 0.8 * 400
+    busy = serve(ctrl, 32, 400, node_cost=0.1)
+    assert busy[1] > 0.85 * 400
+    late = serve(ctrl, 1, 100, node_cost=0.05)
+    assert late[8] > 0.85 * 100  # back on the bs-1 bucket's measured best
+
+
+def test_the_default_acceptance_model_is_a_chains() -> None:
+    ctrl = SpeculationController(None, BudgetCost((1, 2)), budget_controller((1, 2), (0, 1)).config)
+    assert isinstance(ctrl.acceptance, ChainAcceptance)
+    assert ctrl.alphas == [0.7]

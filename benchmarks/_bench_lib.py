@@ -90,6 +90,12 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "auto"),
         own_speculative_flags=True,
     ),
+    # every step the root alone (no drafts; the drafter still follows): the floor of
+    # `specblock-auto` when its controller keeps drafting off
+    "specblock-off": Algorithm(
+        ("--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "off"),
+        own_speculative_flags=True,
+    ),
     # the same drafter trained with K = 1 at the same tree budget (depth M * K = 8; node budget
     # --specblock-max-nodes, the launcher's default on the shipped target when not given)
     "specblock-k1": Algorithm(

@@ -18,11 +18,14 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sgl_spec.common.draft_input import CarriedDraftInput
 from sgl_spec.common.metrics import SpecMetrics
+from sgl_spec.control.step_times import StepClock
 
 
 class TargetWrappingWorker(BaseSpecWorker):
     # The algorithm's name, for errors.
     name: str = "?"
+    # The speculation controller (``sgl_spec.control``) choosing each step's setting, if any.
+    controller: Any = None
 
     def __init__(self, server_args: Any, target_worker: Any) -> None:
         super().__init__()
@@ -33,6 +36,7 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.device = target_worker.device
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.metrics = SpecMetrics(self.name, server_args)
+        self._clock = StepClock()
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted
@@ -78,6 +82,19 @@ class TargetWrappingWorker(BaseSpecWorker):
 
     def forward_decode(self, batch: Any) -> Any:
         raise NotImplementedError
+
+    def step_started(self, batch: Any, now: float) -> None:
+        """At the start of a decode step: the controller learns what the previous step cost
+        the server, up to now (``StepClock``: the scheduler's work on its output included)."""
+        if self.controller is None:
+            return
+        measured = self._clock.tick(tuple(req.rid for req in batch.reqs), now)
+        if measured is not None:
+            self.controller.observe_step(*measured)
+
+    def step_chosen(self, k: int, batch_size: int) -> None:
+        """The controller's setting ``k`` for the step ``step_started`` began."""
+        self._clock.chosen(k, batch_size)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_target_worker":  # not set yet: no recursion through __getattr__

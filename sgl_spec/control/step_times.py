@@ -2,7 +2,8 @@
 
 The offline γ table times a bare forward; a served step also pays the method's own work, so
 ``SpeculationController`` (``controller.py``) can measure τ = T(0)/T(k) from the worker's step
-times instead. ``StepTimes`` keeps the lower quartile of the recent ones per (bucket, k). Pure.
+times instead. ``StepTimes`` keeps the lower quartile of the recent ones per (bucket, k);
+``StepClock`` measures a step from its start to the next one's. Pure.
 """
 
 from __future__ import annotations
@@ -72,3 +73,30 @@ class StepTimes:
             return None
         samples = sorted(self._samples[(bucket, k)])
         return samples[(len(samples) - 1) // 4]
+
+
+class StepClock:
+    """What a decode step costs the server: the seconds from its start to the start of the
+    next decode step of the same requests, so that the scheduler's work on its output (and
+    anything else the serving loop does per step) is charged to the setting that caused it.
+
+    A step is measured only when the next one runs exactly the same requests (``key``): a new
+    request means a prefill ran in between, a finished one that the batch changed shape. The
+    last step of a batch is never measured; the lower quartile of ``StepTimes`` drops the
+    steps that waited on something else."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, object, int, int] | None = None  # (start, key, k, batch size)
+
+    def tick(self, key: object, now: float) -> tuple[int, int, float] | None:
+        """A decode step of the requests ``key`` starts at ``now`` (``time.perf_counter``);
+        returns ``(k, batch_size, seconds)`` of the previous step if it ran the same ones."""
+        last, self._last = self._last, (now, key, -1, 0)
+        if last is None or last[1] != key or last[2] < 0:
+            return None
+        return last[2], last[3], now - last[0]
+
+    def chosen(self, k: int, batch_size: int) -> None:
+        """The step started by the last ``tick`` runs setting ``k`` for ``batch_size``."""
+        if self._last is not None:
+            self._last = (self._last[0], self._last[1], k, batch_size)

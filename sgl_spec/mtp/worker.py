@@ -112,6 +112,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         ctx = int(batch.seq_lens_cpu.float().mean()) if batch.seq_lens_cpu is not None else 0
         decision = self.controller.decide(len(batch.reqs), ctx)
         self.stats.last_decision = decision
+        self.step_chosen(decision.k, len(batch.reqs))
         return min(decision.k, self.k_max)
 
     def _layout(self, k: int) -> tuple:
@@ -136,6 +137,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         tic = time.perf_counter()
         state: MtpDraftInput = batch.spec_info
         bs = len(batch.reqs)
+        self.step_started(batch, tic)
         k = self._choose_k(batch)
         if k == 0:
             return self._forward_plain(batch, state, tic)
@@ -379,7 +381,6 @@ class MtpLoraWorker(TargetWrappingWorker):
         self.metrics.observe_step(num_accepted, offered, 0.0, seconds)
         self.metrics.observe_k(k)
         if self.controller is not None:
-            self.controller.observe_step(k, bs, seconds)
             if k > 0:
                 # Only requests whose k drafts all came from masks say anything about α.
                 real = (num_real >= k).tolist()

@@ -63,8 +63,9 @@ class SpecBlockFlags:
         " budget among 1 (no drafts: a plain decode step), 2, 4, ... and"
         " --specblock-max-nodes, from the measured step time and the running acceptance of"
         " each budget at the current batch size; 'cycle' takes those budgets in turn, one"
-        " step each (every switch exercised: for tests, not for serving).",
-        choices=("fixed", "auto", "cycle"),
+        " step each (every switch exercised: for tests, not for serving); 'off' verifies the"
+        " root alone every step (the floor 'auto' falls back to; for measuring it).",
+        choices=("fixed", "auto", "cycle", "off"),
     )
     specblock_rank_head: str = flag(
         "on",

@@ -26,7 +26,7 @@ class SpecBlockSettings:
     draft: DraftSettings
     adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
     drafter_dtype: str = "auto"  # --specblock-drafter-dtype (resolved by ``drafter_dtype``)
-    budget: str = "fixed"  # --specblock-budget: fixed, auto (the controller) or cycle
+    budget: str = "fixed"  # --specblock-budget: fixed, auto (the controller), cycle or off
 
     def budgets(self) -> tuple[int, ...]:
         """The node budgets the controller chooses from, cheapest first: 1 (the root alone, no

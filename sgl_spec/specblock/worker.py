@@ -87,8 +87,9 @@ class SpecBlockWorker(TargetWrappingWorker):
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
-        varied = settings.budget != "fixed"
-        self.budgets = settings.budgets() if varied else (settings.draft.max_nodes,)
+        varied = settings.budget in ("auto", "cycle")
+        fixed = 1 if settings.budget == "off" else settings.draft.max_nodes
+        self.budgets = settings.budgets() if varied else (fixed,)
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
         self.controller = (
             budget_controller(self.budgets, settings.budget_drafts())
@@ -256,6 +257,7 @@ class SpecBlockWorker(TargetWrappingWorker):
         seq_lens = batch.seq_lens.to(torch.long)
         seq_lens_list = seq_lens.tolist()
         roots = state.bonus_tokens.to(torch.long).tolist()
+        self.step_started(batch, tic)
         k = self._choose_budget(seq_lens_list)
         settings = self._budget_settings[k]
         if settings.max_nodes > 1:
@@ -312,7 +314,9 @@ class SpecBlockWorker(TargetWrappingWorker):
         if self.controller is None:
             return self._num_steps % len(self.budgets)
         ctx = sum(seq_lens) // max(len(seq_lens), 1)
-        return self.controller.choose_k(len(seq_lens), ctx)
+        k = self.controller.choose_k(len(seq_lens), ctx)
+        self.step_chosen(k, len(seq_lens))
+        return k
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
@@ -382,7 +386,6 @@ class SpecBlockWorker(TargetWrappingWorker):
         if len(self.budgets) > 1:
             self.metrics.observe_k(self.budgets[k] - 1)
         if self.controller is not None:
-            self.controller.observe_step(k, len(num_accepted), step_s)
             self.controller.observe(k, num_accepted)
         if self.adapter is not None:
             bandit = self.adapter.bandit

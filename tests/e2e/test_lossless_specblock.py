@@ -85,14 +85,44 @@ def servers(tiny_models, drafter, tmp_path_factory):
     pool.close()
 
 
-@pytest.mark.parametrize("name", ["specblock", "specblock_cycle", "specblock_auto"])
-def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy, name) -> None:
-    server = servers(name)
+def test_greedy_equals_baseline_under_concurrent_load(servers, baseline_greedy) -> None:
+    server = servers("specblock")
     accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
-    # cycling runs a fifth of its steps without drafts; the controller may rightly keep
-    # drafting off on this host
-    least = {"specblock": 1.2, "specblock_cycle": 1.1, "specblock_auto": 1.0}[name]
-    assert accept >= least, f"trained drafter's trees are rarely accepted: {accept}"
+    assert accept > 1.2, f"trained drafter's trees are rarely accepted: {accept}"
+
+
+def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
+    server: Server = servers("specblock")
+    server.check_bad_request_keeps_serving()
+    lines = [line for line in server.tail(400).splitlines() if "SPECBLOCK: steps=" in line]
+    assert lines, server.tail()
+    for key in ("mean_accept_length=", "drafter_forwards_per_iter=", "T_D%=", "alpha_k=["):
+        assert key in lines[-1]
+
+
+def test_prometheus_metrics_match_responses(servers) -> None:
+    """SGLang's spec gauges and ours (per-position acceptance, step times, tree sizes) after
+    traffic agree with the responses' meta_info; the decode log line carries our figures."""
+    server: Server = servers("specblock")
+    after = check_spec_metrics(server, "SPECBLOCK", PROMPTS[:4], max_drafts=8)
+    trees = total(after, "sglang:spec_tree_size_count", algorithm="SPECBLOCK")
+    assert trees > 0
+    assert decode_log_suffixes(server, "SPECBLOCK"), server.tail()
+
+
+@pytest.mark.server
+def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
+    """SPECBLOCK: empty and out-of-vocabulary prompts get a 400, not a crash."""
+    assert_invalid_prompts_rejected(servers("specblock").url)
+
+
+# The servers whose node budget changes from step to step (one server alive at a time: the
+# tests are grouped by server).
+
+
+def test_greedy_equals_baseline_when_cycling_budgets(servers, baseline_greedy) -> None:
+    accept = assert_greedy_under_concurrent_load(servers("specblock_cycle"), baseline_greedy)
+    assert accept > 1.1, f"trained drafter's trees are rarely accepted: {accept}"  # 1/5 no drafts
 
 
 def test_budget_switches_every_step_when_cycling(servers) -> None:
@@ -122,29 +152,10 @@ def test_sampling_matches_target(servers, tiny_models) -> None:
     )
 
 
-def test_metrics_logged_and_bad_request_keeps_serving(servers) -> None:
-    server: Server = servers("specblock")
-    server.check_bad_request_keeps_serving()
-    lines = [line for line in server.tail(400).splitlines() if "SPECBLOCK: steps=" in line]
-    assert lines, server.tail()
-    for key in ("mean_accept_length=", "drafter_forwards_per_iter=", "T_D%=", "alpha_k=["):
-        assert key in lines[-1]
-
-
-def test_prometheus_metrics_match_responses(servers) -> None:
-    """SGLang's spec gauges and ours (per-position acceptance, step times, tree sizes) after
-    traffic agree with the responses' meta_info; the decode log line carries our figures."""
-    server: Server = servers("specblock")
-    after = check_spec_metrics(server, "SPECBLOCK", PROMPTS[:4], max_drafts=8)
-    trees = total(after, "sglang:spec_tree_size_count", algorithm="SPECBLOCK")
-    assert trees > 0
-    assert decode_log_suffixes(server, "SPECBLOCK"), server.tail()
-
-
-@pytest.mark.server
-def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
-    """SPECBLOCK: empty and out-of-vocabulary prompts get a 400, not a crash."""
-    assert_invalid_prompts_rejected(servers("specblock").url)
+def test_greedy_equals_baseline_with_controller_budgets(servers, baseline_greedy) -> None:
+    """``--specblock-budget auto``: whatever budgets the controller picks (it may rightly keep
+    drafting off on this host), outputs are the non-speculative server's."""
+    assert_greedy_under_concurrent_load(servers("specblock_auto"), baseline_greedy)
 
 
 def _adapt_counts(server: Server) -> list[int]:

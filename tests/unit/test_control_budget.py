@@ -11,6 +11,7 @@ import pytest
 from sgl_spec.control.acceptance import BudgetAcceptance, ChainAcceptance
 from sgl_spec.control.controller import SpeculationController, budget_controller
 from sgl_spec.control.cost_model import BudgetCost
+from sgl_spec.control.step_times import StepClock
 from sgl_spec.specblock.drafting import DraftSettings
 from sgl_spec.specblock.settings import SpecBlockSettings
 
@@ -139,3 +140,18 @@ def test_the_default_acceptance_model_is_a_chains() -> None:
     ctrl = SpeculationController(None, BudgetCost((1, 2)), budget_controller((1, 2), (0, 1)).config)
     assert isinstance(ctrl.acceptance, ChainAcceptance)
     assert ctrl.alphas == [0.7]
+
+
+def test_step_clock_measures_start_to_start_of_the_same_requests() -> None:
+    clock = StepClock()
+    assert clock.tick(("a", "b"), 1.0) is None  # nothing before
+    clock.chosen(2, 2)
+    assert clock.tick(("a", "b"), 1.5) == (2, 2, 0.5)
+    clock.chosen(0, 2)
+    assert clock.tick(("a", "b", "c"), 2.0) is None  # a request joined: a prefill ran between
+    clock.chosen(1, 3)
+    assert clock.tick(("a", "b", "c"), 2.25) == (1, 3, 0.25)
+    # a step whose setting was never reported (no controller decision) is not measured
+    assert clock.tick(("a", "b", "c"), 3.0) is None
+    clock.chosen(0, 3)
+    assert clock.tick(("b", "c"), 3.5) is None  # a request finished: another batch shape

@@ -8,7 +8,12 @@ siblings -- on CPU hosts our PyTorch sampler, ``sgl_spec/patches/cpu_spec_sampli
 also moves the accepted path's KV to the front of the step's slots; the rest of the slots stay
 in the step's reservation and are overwritten by later steps. Then one drafter *extend* forward
 over the accepted tokens, on the target features the verify forward captured, fills the
-drafter's KV cache (``draft_kv``) and yields the next tree's condition.
+drafter's KV cache (``draft_kv``) and yields the next tree's condition (``follow``).
+
+The node budget of a step is fixed (``--specblock-max-nodes``) or chosen per step by the
+speculation controller (``--specblock-budget auto``, ``sgl_spec/control``). A budget of 1
+verifies the root alone without drafting; the drafter reads that step's token later, with the
+next drafting step's (``pending``).
 
 Prefill is SGLang's target extend with the (low, mid, top) features captured as for EAGLE-3,
 followed by the drafter extend over the prompt. A drafting failure degrades to verifying the
@@ -30,14 +35,14 @@ from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.controller import budget_controller
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
-from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
+from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import (
     DraftResult,
     DraftSettings,
     PrefixContext,
-    extend_prefix,
     grow_trees,
 )
+from sgl_spec.specblock.follow import DrafterFollowing
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
@@ -47,10 +52,9 @@ from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_STEPS = 50
-EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
 
 
-class SpecBlockWorker(TargetWrappingWorker):
+class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
     """Wraps the target worker; the drafter and its KV pool live here."""
 
     name = "SPECBLOCK"
@@ -104,24 +108,6 @@ class SpecBlockWorker(TargetWrappingWorker):
 
     # ---- set-up ------------------------------------------------------------------------------
 
-    @property
-    def pool(self) -> DrafterKVPool:
-        """One drafter row per location of the target's KV pool (created after this worker)."""
-        if self._pool is None:
-            num_layers, block_size, heads, head_dim = drafter_kv_shape(self.drafter.config)
-            kv_pool = self.model_runner.token_to_kv_pool
-            self._pool = DrafterKVPool(
-                num_layers=num_layers,
-                num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
-                block_size=block_size,
-                num_kv_heads=heads,
-                head_dim=head_dim,
-                dtype=self.drafter_dtype,
-                device=self.device,
-            )
-            logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
-        return self._pool
-
     def _load_drafter(self, path: str) -> SpecBlockDrafter:
         try:
             drafter = SpecBlockDrafter.from_pretrained(path)
@@ -129,9 +115,6 @@ class SpecBlockWorker(TargetWrappingWorker):
             raise ValueError(f"--specblock-drafter-path: {exc}") from exc
         check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
         return drafter.to(device=self.device, dtype=self.drafter_dtype).eval()
-
-    def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
-        return hidden_states.index_select(-1, self.feature_index).to(self.drafter_dtype)
 
     # ---- entry point -------------------------------------------------------------------------
 
@@ -156,92 +139,14 @@ class SpecBlockWorker(TargetWrappingWorker):
             starts,
         )
         if isinstance(result.next_token_ids, torch.Tensor):
+            bonus = result.next_token_ids.reshape(-1).to(torch.int64)
             result.next_draft_input = SpecBlockDraftInput(
-                bonus_tokens=result.next_token_ids.reshape(-1).to(torch.int64),
+                bonus_tokens=bonus,
                 root_cond=root_cond,
                 new_seq_lens=batch.seq_lens,
+                **self._no_pending(bonus.shape[0]),
             )
         return result
-
-    def _drafter_extend(
-        self,
-        req_pool_indices: torch.Tensor,  # [bs]
-        prefix_lens: torch.Tensor,  # [bs] tokens before the new ones (drafter context)
-        num_new: torch.Tensor,  # [bs] new processed tokens per request (>= 1)
-        hidden: torch.Tensor,  # [rows, captured layers * d_target] the target's aux states
-        tokens: torch.Tensor,  # [rows]
-        row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
-        context: PrefixContext | None = None,  # already gathered for prefix_lens
-    ) -> torch.Tensor:  # [bs, d] next root condition
-        """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
-        drafts next step, never a wrong output) and is logged."""
-        try:
-            features = self._features(hidden)
-            return self._drafter_extend_chunks(
-                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts, context
-            )
-        except Exception:
-            logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
-            return torch.zeros(
-                req_pool_indices.shape[0],
-                self.drafter.config.hidden_size,
-                dtype=self.drafter_dtype,
-                device=self.device,
-            )
-
-    def _drafter_extend_chunks(
-        self,
-        req_pool_indices: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        num_new: torch.Tensor,
-        features: torch.Tensor,
-        tokens: torch.Tensor,
-        row_starts: torch.Tensor,
-        context: PrefixContext | None,
-    ) -> torch.Tensor:
-        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        reqs = req_pool_indices.to(torch.long)
-        bs = reqs.shape[0]
-        root_cond = torch.zeros(
-            bs, self.drafter.config.hidden_size, dtype=self.drafter_dtype, device=self.device
-        )
-        max_new = int(num_new.max()) if bs else 0
-        for offset in range(0, max_new, EXTEND_CHUNK):
-            count = (num_new - offset).clamp(min=0, max=EXTEND_CHUNK)  # [bs]
-            active = count > 0
-            s = int(count.max())
-            cols = torch.arange(s, device=self.device)
-            valid = cols[None, :] < count[:, None]  # [bs, s]
-            rows = (row_starts[:, None] + offset + cols[None, :]).clamp(max=tokens.shape[0] - 1)
-            positions = prefix_lens[:, None] + offset + cols[None, :]
-            context_len = prefix_lens + offset
-            if offset == 0 and context is not None:  # the drafting's rows, all slots visible
-                prefix = self.pool.with_visibility(context, context_len, last_slot_only=False)
-            else:
-                prefix = self._gather_context(reqs, context_len, last_slot_only=False)
-            out = extend_prefix(
-                self.drafter,
-                prefix,
-                features[rows],
-                torch.where(valid, tokens[rows], 0),
-                positions,
-                count.clamp(min=1),
-            )
-            locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
-            keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
-            self.pool.write(locs.reshape(-1)[keep], out.kv, keep)
-            is_last = active & (num_new <= offset + EXTEND_CHUNK)
-            root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
-        return root_cond
-
-    def _gather_context(self, reqs: torch.Tensor, num_tokens: torch.Tensor, last_slot_only: bool):
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        t = max(int(num_tokens.max()), 1)
-        cols = torch.arange(t, device=self.device)
-        locs = req_to_token[reqs[:, None], cols[None, :]]
-        locs = torch.where(cols[None, :] < num_tokens[:, None], locs, 0)
-        return self.pool.gather(locs, num_tokens, last_slot_only)
 
     # ---- decode step -------------------------------------------------------------------------
 
@@ -260,9 +165,11 @@ class SpecBlockWorker(TargetWrappingWorker):
         self.step_started(batch, tic)
         k = self._choose_budget(seq_lens_list)
         settings = self._budget_settings[k]
+        root_cond = state.root_cond
         if settings.max_nodes > 1:
-            drafted, context = self._draft(reqs, seq_lens, state, roots, settings)
-        else:  # no drafts this step: the root alone, the drafter only follows (extend below)
+            root_cond = self._catch_up(reqs, seq_lens, state, root_cond)
+            drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
+        else:  # no drafts this step: the root alone; the drafter reads it later (_defer)
             drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
         draft_s = time.perf_counter() - tic
         width = settings.max_nodes
@@ -286,23 +193,17 @@ class SpecBlockWorker(TargetWrappingWorker):
         path_tokens[:, : accept_index.shape[1]] = packed.draft_tokens.to(dev)[
             accept_index.clamp(min=0)
         ]
-        root_cond = self._drafter_extend(
-            reqs,
-            seq_lens,
-            accept_lens,
-            hidden,
-            path_tokens.reshape(-1),
-            torch.arange(bs, device=dev) * width,
-            context,
+        carried = self._follow(
+            reqs, seq_lens, state, root_cond, accept_lens, hidden, path_tokens, context
         )
         draft_s += time.perf_counter() - tic_extend
         result.next_draft_input = SpecBlockDraftInput(
             bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
-            root_cond=root_cond,
             new_seq_lens=result.new_seq_lens,
+            **carried,
         )
         paths = accepted_path(result.accept_index, width)
-        if self.adapter is not None and width > 1:
+        if self.adapter is not None and width > 1:  # nothing drafted, nothing to learn
             self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic, k)
         return result
@@ -343,7 +244,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 
     def _draft(
-        self, reqs, seq_lens, state, roots, settings: DraftSettings
+        self, reqs, seq_lens, root_cond, roots, settings: DraftSettings
     ) -> tuple[DraftResult, PrefixContext | None]:
         """Grow the trees, and the drafter context they read (the extend after the verify
         reads the same rows); on any drafter failure verify the roots alone (plain decoding)."""
@@ -352,7 +253,7 @@ class SpecBlockWorker(TargetWrappingWorker):
             drafted = grow_trees(
                 self.drafter,
                 prefix,
-                state.root_cond.to(self.drafter_dtype),
+                root_cond.to(self.drafter_dtype),
                 roots,
                 seq_lens,
                 settings,

@@ -1,0 +1,205 @@
+"""SPECBLOCK's drafter kept in step with the committed tokens: its KV cache (one row per
+location of the target's KV pool), the extend forward over newly committed tokens (training's
+pass 1), and the tokens of steps run without drafts, read later in one extend (``pending.py``).
+A mixin of ``worker.SpecBlockWorker``, which holds the drafter and the target."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
+from sgl_spec.specblock.drafting import PrefixContext, extend_prefix
+from sgl_spec.specblock.info import SpecBlockDraftInput
+from sgl_spec.specblock.pending import PENDING_LIMIT, appended, no_pending
+
+logger = logging.getLogger(__name__)
+EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
+
+
+class DrafterFollowing:
+    """Needs ``drafter``, ``drafter_dtype``, ``device``, ``model_runner``, ``feature_index``
+    and ``_pool`` (None until first used) on the worker."""
+
+    drafter: torch.nn.Module
+    drafter_dtype: torch.dtype
+    device: object
+    model_runner: object
+    feature_index: torch.Tensor
+    _pool: DrafterKVPool | None
+
+    @property
+    def pool(self) -> DrafterKVPool:
+        """One drafter row per location of the target's KV pool (created after this worker)."""
+        if self._pool is None:
+            num_layers, block_size, heads, head_dim = drafter_kv_shape(self.drafter.config)
+            kv_pool = self.model_runner.token_to_kv_pool
+            self._pool = DrafterKVPool(
+                num_layers=num_layers,
+                num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
+                block_size=block_size,
+                num_kv_heads=heads,
+                head_dim=head_dim,
+                dtype=self.drafter_dtype,
+                device=self.device,
+            )
+            logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
+        return self._pool
+
+    def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
+        return hidden_states.index_select(-1, self.feature_index).to(self.drafter_dtype)
+
+    def _no_pending(self, bs: int) -> dict:
+        width = int(self.feature_index.shape[0])
+        return no_pending(bs, width, self.drafter_dtype, self.device)
+
+    def _drafter_extend(
+        self,
+        req_pool_indices: torch.Tensor,  # [bs]
+        prefix_lens: torch.Tensor,  # [bs] tokens before the new ones (drafter context)
+        num_new: torch.Tensor,  # [bs] new processed tokens per request (>= 1)
+        hidden: torch.Tensor | None,  # [rows, captured layers * d_target] the target's aux states
+        tokens: torch.Tensor,  # [rows]
+        row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
+        context: PrefixContext | None = None,  # already gathered for prefix_lens
+        features: torch.Tensor | None = None,  # [rows, F] instead of ``hidden``'s
+    ) -> torch.Tensor:  # [bs, d] next root condition
+        """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
+        drafts next step, never a wrong output) and is logged."""
+        try:
+            if features is None:
+                features = self._features(hidden)
+            return self._drafter_extend_chunks(
+                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts, context
+            )
+        except Exception:
+            logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
+            return torch.zeros(
+                req_pool_indices.shape[0],
+                self.drafter.config.hidden_size,
+                dtype=self.drafter_dtype,
+                device=self.device,
+            )
+
+    def _drafter_extend_chunks(
+        self,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        num_new: torch.Tensor,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        row_starts: torch.Tensor,
+        context: PrefixContext | None,
+    ) -> torch.Tensor:
+        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        reqs = req_pool_indices.to(torch.long)
+        bs = reqs.shape[0]
+        root_cond = torch.zeros(
+            bs, self.drafter.config.hidden_size, dtype=self.drafter_dtype, device=self.device
+        )
+        max_new = int(num_new.max()) if bs else 0
+        for offset in range(0, max_new, EXTEND_CHUNK):
+            count = (num_new - offset).clamp(min=0, max=EXTEND_CHUNK)  # [bs]
+            active = count > 0
+            s = int(count.max())
+            cols = torch.arange(s, device=self.device)
+            valid = cols[None, :] < count[:, None]  # [bs, s]
+            rows = (row_starts[:, None] + offset + cols[None, :]).clamp(max=tokens.shape[0] - 1)
+            positions = prefix_lens[:, None] + offset + cols[None, :]
+            context_len = prefix_lens + offset
+            if offset == 0 and context is not None:  # the drafting's rows, all slots visible
+                prefix = self.pool.with_visibility(context, context_len, last_slot_only=False)
+            else:
+                prefix = self._gather_context(reqs, context_len, last_slot_only=False)
+            out = extend_prefix(
+                self.drafter,
+                prefix,
+                features[rows],
+                torch.where(valid, tokens[rows], 0),
+                positions,
+                count.clamp(min=1),
+            )
+            locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
+            keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
+            self.pool.write(locs.reshape(-1)[keep], out.kv, keep)
+            is_last = active & (num_new <= offset + EXTEND_CHUNK)
+            root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
+        return root_cond
+
+    def _gather_context(self, reqs: torch.Tensor, num_tokens: torch.Tensor, last_slot_only: bool):
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        t = max(int(num_tokens.max()), 1)
+        cols = torch.arange(t, device=self.device)
+        locs = req_to_token[reqs[:, None], cols[None, :]]
+        locs = torch.where(cols[None, :] < num_tokens[:, None], locs, 0)
+        return self.pool.gather(locs, num_tokens, last_slot_only)
+
+    def _follow(
+        self,
+        reqs: torch.Tensor,  # [bs]
+        seq_lens: torch.Tensor,  # [bs] committed before this step
+        state: SpecBlockDraftInput,  # this step's input
+        root_cond: torch.Tensor,  # [bs, d] this step's root condition
+        accept_lens: torch.Tensor,  # [bs] accepted drafts + 1
+        hidden: torch.Tensor,  # [bs * width, ...] target features, accepted path first
+        path_tokens: torch.Tensor,  # [bs, width] accepted path tokens, root first
+        context: PrefixContext | None = None,  # the drafting's context, if it drafted
+    ) -> dict:
+        """After the verify: the drafter reads the committed tokens now (one extend) -- or,
+        after a step without drafts (width 1), later (``_defer``). Returns the drafter fields
+        of the next ``SpecBlockDraftInput``."""
+        bs, width = path_tokens.shape
+        if width == 1:
+            return self._defer(reqs, seq_lens + 1, state, root_cond, hidden, path_tokens[:, 0])
+        carried = self._no_pending(bs)
+        carried["root_cond"] = self._drafter_extend(
+            reqs,
+            seq_lens,
+            accept_lens,
+            hidden,
+            path_tokens.reshape(-1),
+            torch.arange(bs, device=self.device) * width,
+            context,
+        )
+        return carried
+
+    def _catch_up(self, reqs, committed, state, root_cond: torch.Tensor) -> torch.Tensor:
+        """Before drafting: the drafter reads the tokens of the steps run without drafts
+        (``pending.py``), in one extend; returns the root condition they lead to."""
+        count = state.pending_count
+        if not bool((count > 0).any()):
+            return root_cond
+        bs, width = state.pending_tokens.shape
+        caught_up = self._drafter_extend(
+            reqs,
+            committed - count,
+            count,
+            None,
+            state.pending_tokens.reshape(-1),
+            torch.arange(bs, device=self.device) * width,
+            features=state.pending_features.reshape(bs * width, -1),
+        )
+        return torch.where((count > 0)[:, None], caught_up.to(root_cond.dtype), root_cond)
+
+    def _defer(self, reqs, committed, state, root_cond, hidden, tokens) -> dict:
+        """After a step without drafts: its committed token (one per request) joins the
+        pending ones; at ``PENDING_LIMIT`` the drafter catches up at once."""
+        bs = tokens.shape[0]
+        features, pending_tokens, count = appended(
+            state.pending_features,
+            state.pending_tokens,
+            state.pending_count,
+            self._features(hidden[:bs]),
+            tokens,
+        )
+        carried = {"pending_features": features, "pending_tokens": pending_tokens}
+        carried.update(root_cond=root_cond, pending_count=count)
+        if features.shape[1] < PENDING_LIMIT:
+            return carried
+        full = SpecBlockDraftInput(bonus_tokens=tokens, new_seq_lens=committed, **carried)
+        return {
+            **self._no_pending(bs),
+            "root_cond": self._catch_up(reqs, committed, full, root_cond),
+        }

@@ -7,7 +7,9 @@ style, for MTP_LORA, SPECBLOCK and MINEDRAFT (docs/metrics.md lists every name):
 - per draft position: drafts offered and accepted (counters) and their ratio (gauge);
 - draft and verify time per decode step (histograms; MTP_LORA drafts inside its verify
   forward, so its draft time is 0);
-- MTP_LORA and SPECBLOCK under their controller: the drafts per request chosen (histogram);
+- MTP_LORA and SPECBLOCK under their controller: the drafts per request chosen (histogram),
+  the steps run without drafts (counter), the tokens per request the controller expected and
+  those committed (gauges);
 - SPECBLOCK: verified tree size (histogram), adaptation updates and rollbacks (counters);
 - MINEDRAFT: the overlap ratio, the two batches' sizes, draft-server restarts.
 
@@ -53,6 +55,9 @@ class IntervalStats:
     k_counts: dict[int, int] = field(default_factory=dict)
     tree_nodes: int = 0
     trees: int = 0
+    predictions: int = 0  # steps the controller chose
+    predicted: float = 0.0  # Σ its expected tokens per request
+    realised: float = 0.0  # Σ the tokens per request those steps committed
 
     def add_positions(self, num_accepted: Sequence[int], num_offered: Sequence[int]) -> None:
         longest = max(num_offered, default=0)
@@ -79,7 +84,7 @@ class SpecMetrics:
         self.interval = IntervalStats()
         self.totals = IntervalStats()  # since start (position counts only)
         self.extra_log: dict[str, str] = {}  # algorithm-specific figures for the log line
-        self._restarts = self._updates = self._rollbacks = 0
+        self._restarts = self._updates = self._rollbacks = self._plain = 0
         _DecodeLogSuffix.install(self)
 
     def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = (), **kw: Any):
@@ -141,6 +146,23 @@ class SpecMetrics:
                 buckets=tuple(range(0, 17)),
             )  # fmt: skip
             self._labels(hist).observe(k)
+        if k == 0:
+            self._plain = self._count("sglang:spec_plain_steps_total", self._plain, self._plain + 1)
+
+    def observe_prediction(self, predicted: float, realised: float) -> None:
+        """A step the speculation controller chose: the tokens per request it expected (its
+        λ) and the mean the step committed (accepted drafts + 1)."""
+        stats = self.interval
+        stats.predictions += 1
+        stats.predicted += predicted
+        stats.realised += realised
+        if self.enabled:
+            for name, value, what in (
+                ("sglang:spec_predicted_accept_length", predicted, "expected by the controller"),
+                ("sglang:spec_realised_accept_length", realised, "committed"),
+            ):
+                doc = f"Tokens per request of the last controlled step, {what}."
+                self._labels(self._series("Gauge", name, doc)).set(value)
 
     def observe_trees(self, num_nodes: Sequence[int]) -> None:
         """SPECBLOCK: nodes verified per request (root included)."""
@@ -210,6 +232,9 @@ class SpecMetrics:
             parts.append(f"k {dict(sorted(stats.k_counts.items()))}")
         if stats.trees:
             parts.append(f"tree nodes {stats.tree_nodes / stats.trees:.1f}")
+        if stats.predictions:
+            n = stats.predictions
+            parts.append(f"pred/real tokens {stats.predicted / n:.2f}/{stats.realised / n:.2f}")
         parts += [f"{key.replace('_', ' ')} {value}" for key, value in self.extra_log.items()]
         return ", ".join(parts)
 

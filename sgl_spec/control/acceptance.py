@@ -9,8 +9,9 @@ counts the served steps report. Pure (no SGLang).
   conditional acceptance α_j of each position, so that what is observed at one k predicts
   another.
 - ``BudgetAcceptance``: settings that are budgets of one drafter's proposals (SPECBLOCK's tree
-  node budgets): the accepted drafts of each budget are observed on their own, and a larger
-  budget is expected to accept no fewer (its tree keeps the smaller one's best nodes).
+  node budgets): the accepted drafts of each budget are observed while it runs, a change seen
+  at one budget moves the others by the same factor, and a larger budget is expected to accept
+  no fewer (its tree keeps the smaller one's best nodes).
 """
 
 from __future__ import annotations
@@ -96,4 +97,13 @@ class BudgetAcceptance:
         self.num_observed[k] += 1
         weight = max(self.weight, 1.0 / self.num_observed[k])
         mean = sum(counts) / len(counts)
-        self.estimates[k] += weight * (mean - self.estimates[k])
+        before = self.estimates[k]
+        self.estimates[k] += weight * (mean - before)
+        if before > 0 and self.num_observed[k] > 1:
+            # How well drafts are accepted moves with the requests served, at every budget
+            # alike: the others follow by the same factor (each keeps its ratio to this one,
+            # learnt while it ran).
+            factor = self.estimates[k] / before
+            for j in range(1, len(self.estimates)):
+                if j != k and self.num_observed[j]:
+                    self.estimates[j] = min(self.estimates[j] * factor, self.max_drafts[j])

@@ -77,6 +77,10 @@ class ControllerConfig:
     """> 0 turns online calibration on: step times count as measured after that many
     observations, k = 0 is measured first in every batch-size bucket, and k without any τ
     estimate (no table) are measured before use."""
+    probe_others_every: int = 0
+    """While speculating, every that many steps probe the other k > 0 of highest predicted S
+    for ``probe_steps`` steps, so that the settings not in use keep fresh estimates (0 never:
+    a chain's α per position already carries what one k observes to the others)."""
     time_window: int = 9
     """Step times kept per (bucket, k) for their lower quartile."""
     switch_on_margin: float = 0.0
@@ -104,7 +108,7 @@ class ControllerConfig:
         if not 0.0 < self.ewma_weight <= 1.0:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
         least = {"margin": 0, "switch_on_margin": 0, "explore_every": 0, "probe_steps": 1,
-                 "warmup_steps": 0, "calibrate_steps": 0}  # fmt: skip
+                 "warmup_steps": 0, "calibrate_steps": 0, "probe_others_every": 0}  # fmt: skip
         for name, low in least.items():
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
@@ -262,6 +266,15 @@ class SpeculationController:
             if self.calibrating and every and self.num_steps_on % (every + 1) == 0:
                 # refresh T(0) with one plain step; speculation stays on
                 return replace(self.predict(0, batch_size, ctx_len), explore=True)
+            others = self.config.probe_others_every
+            if others and self.num_steps_on % others == 0:
+                rivals = [
+                    self.predict(j, batch_size, ctx_len)
+                    for j in range(1, self.config.k_max + 1)
+                    if j != decision.k
+                ]
+                if rivals:
+                    return self._start_probe(max(rivals, key=lambda d: d.predicted_speedup))
             return decision
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
@@ -328,8 +341,11 @@ def budget_controller(
     """The served controller over draft budgets (``budgets[0]`` = 1: the root alone, no
     drafts; ``max_drafts[k]``: the most drafts a request can accept under ``budgets[k]``),
     calibrated online from served step times. Before a budget is observed it is expected to
-    accept a chain's worth at acceptance ``alpha`` per position, up to its ``max_drafts``."""
+    accept a chain's worth at acceptance ``alpha`` per position, up to its ``max_drafts``.
+    Each budget is observed only while it runs, so the others are probed now and then."""
     prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
-    config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **SERVED_TUNING)
+    config = ControllerConfig(
+        k_max=len(budgets) - 1, alpha_prior=alpha, probe_others_every=32, **SERVED_TUNING
+    )
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

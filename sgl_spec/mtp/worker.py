@@ -381,6 +381,10 @@ class MtpLoraWorker(TargetWrappingWorker):
         self.metrics.observe_step(num_accepted, offered, 0.0, seconds)
         self.metrics.observe_k(k)
         if self.controller is not None:
+            decision = self.stats.last_decision
+            if decision is not None:
+                realised = 1 + sum(num_accepted) / max(bs, 1)
+                self.metrics.observe_prediction(decision.lam, realised)
             if k > 0:
                 # Only requests whose k drafts all came from masks say anything about α.
                 real = (num_real >= k).tolist()

@@ -101,6 +101,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             else None
         )
         self._num_steps = 0
+        self._decision = None  # the controller's last Decision
         if varied:
             logger.info(
                 "SPECBLOCK: node budget per step (%s) among %s", settings.budget, self.budgets
@@ -215,9 +216,9 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         if self.controller is None:
             return self._num_steps % len(self.budgets)
         ctx = sum(seq_lens) // max(len(seq_lens), 1)
-        k = self.controller.choose_k(len(seq_lens), ctx)
-        self.step_chosen(k, len(seq_lens))
-        return k
+        self._decision = self.controller.decide(len(seq_lens), ctx)
+        self.step_chosen(self._decision.k, len(seq_lens))
+        return self._decision.k
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
@@ -288,6 +289,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             self.metrics.observe_k(self.budgets[k] - 1)
         if self.controller is not None:
             self.controller.observe(k, num_accepted)
+            realised = 1 + sum(num_accepted) / max(len(num_accepted), 1)
+            self.metrics.observe_prediction(self._decision.lam, realised)
         if self.adapter is not None:
             bandit = self.adapter.bandit
             self.metrics.set_adaptation(bandit.num_updates, bandit.num_rollbacks)

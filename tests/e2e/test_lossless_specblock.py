@@ -155,7 +155,15 @@ def test_sampling_matches_target(servers, tiny_models) -> None:
 def test_greedy_equals_baseline_with_controller_budgets(servers, baseline_greedy) -> None:
     """``--specblock-budget auto``: whatever budgets the controller picks (it may rightly keep
     drafting off on this host), outputs are the non-speculative server's."""
-    assert_greedy_under_concurrent_load(servers("specblock_auto"), baseline_greedy)
+    server = servers("specblock_auto")
+    assert_greedy_under_concurrent_load(server, baseline_greedy)
+    # its first steps run without drafts (T(0) is measured first), and every chosen step
+    # reports what the controller expected
+    samples = scrape(server)
+    assert total(samples, "sglang:spec_plain_steps_total", algorithm="SPECBLOCK") > 0
+    for name in ("sglang:spec_predicted_accept_length", "sglang:spec_realised_accept_length"):
+        assert total(samples, name, algorithm="SPECBLOCK") >= 1.0, name
+    assert any("pred/real tokens" in x for x in decode_log_suffixes(server, "SPECBLOCK"))
 
 
 def _adapt_counts(server: Server) -> list[int]:

@@ -34,6 +34,15 @@ def test_budget_acceptance_averages_first_then_follows_as_an_ewma() -> None:
     assert model.num_observed[0] == 0
 
 
+def test_a_change_seen_at_one_budget_moves_the_others() -> None:
+    model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.7, 1.5, 2.0], weight=0.5)
+    model.observe(3, [2])
+    model.observe(2, [2])  # first observations only replace their priors
+    assert model.estimates == [0.0, 0.7, 2.0, 2.0]
+    model.observe(2, [1])  # budget 4 falls by a quarter: budget 8 follows, budget 2 (never
+    assert model.estimates == pytest.approx([0.0, 0.7, 1.5, 1.5])  # observed) keeps its prior
+
+
 def test_budget_acceptance_is_monotone_in_the_budget() -> None:
     model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.9, 2.0, 3.0], weight=0.1)
     model.observe(3, [0])  # an unlucky step at the largest budget
@@ -116,6 +125,7 @@ def test_budget_controller_picks_the_budget_of_most_tokens_per_second() -> None:
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
     chosen = serve(ctrl, 4, 600, node_cost=0.05)
     assert chosen[4] > 0.8 * 600
+    assert 0 < chosen[2] + chosen[8] < 0.15 * 600  # the others are probed now and then
 
 
 def test_budget_controller_turns_drafting_off_where_nothing_is_accepted() -> None:

@@ -23,19 +23,16 @@ import torch
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
-    CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.speculative import eagle_utils
 
-from sgl_spec.common.sampling import needs_logit_processing, process_chain_logits
+from sgl_spec.common.plain_step import forward_batch_of, plain_result, plain_step, verify_chain
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.mtp import layout as mtp_layout_mod
 from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
 from sgl_spec.mtp.settings import MtpSettings
 from sgl_spec.mtp.sglang_lora import GatedLoRA, install_gated_lora
-from sgl_spec.verify.chain import ChainResult, accept_greedy, accept_sampling
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_STEPS = 200
@@ -162,7 +159,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         logits_output = out.logits_output
         logits = logits_output.next_token_logits.view(bs, width, -1)
         anchor_logits = logits[:, : k + 1].clone()  # [bs, k+1, vocab]; penalties go in here
-        result = self._verify(batch, drafts, anchors[:, 0], anchor_logits)
+        result = verify_chain(batch, drafts, anchors[:, 0], anchor_logits)
         next_drafts = self._next_drafts(logits, group_slots, result.num_accepted, k)
         # Downstream (logprobs, hidden states) reads one row per emitted token: the anchors'.
         logits_output.next_token_logits = anchor_logits.view(bs * (k + 1), -1)
@@ -192,48 +189,20 @@ class MtpLoraWorker(TargetWrappingWorker):
         )
 
     def _forward_plain(self, batch, state: MtpDraftInput, tic: float) -> GenerationBatchResult:
-        """k = 0 (speculation off): SGLang's plain decode forward of the bonus token and as
-        little as possible around it -- the step the controller falls back to must cost what
-        a non-speculative step costs. No gated rows, so the LoRA wrappers pass through."""
-        bs = len(batch.reqs)
-        bonus = state.bonus_tokens.to(torch.int64)
-        seq_lens = batch.seq_lens.to(torch.int64)  # the bonus token's position and KV slot
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64), seq_lens]
-        forward_batch = self._make_decode_batch(batch, bonus, seq_lens, out_cache_loc.long())
-        out = self._target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True
-        )
-        logits_output = out.logits_output
-        info = batch.sampling_info
-        no_drafts = bonus.new_zeros((bs, 0))
-        if info.is_all_greedy and not needs_logit_processing(batch):
-            tokens = torch.argmax(logits_output.next_token_logits, dim=-1)
-        else:  # the general path: penalties and sampling exactly as in a drafted step
-            logits = logits_output.next_token_logits.view(bs, 1, -1).clone()
-            tokens = self._verify(batch, no_drafts, bonus, logits).bonus
-            logits_output.next_token_logits = logits.view(bs, -1)
-        if batch.return_logprob:
-            compute_spec_logprobs(batch, logits_output, tokens, chain_stride=1)
-        tokens.tolist()  # host sync: the step's work is done before it is timed
-        self._end_step(tic, 0, [0] * bs, state.num_real)
-        accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
-        new_seq_lens = batch.seq_lens + 1
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=tokens.to(torch.int32),
-            accept_lens=accept_lens,
-            next_draft_input=MtpDraftInput(
+        """k = 0 (speculation off): the plain decode step (``common/plain_step.py``); no gated
+        rows, so the LoRA wrappers pass through."""
+        step = plain_step(self, batch, state.bonus_tokens)
+        self._end_step(tic, 0, [0] * len(batch.reqs), state.num_real)
+        tokens = step.tokens
+        return plain_result(
+            batch,
+            step,
+            MtpDraftInput(
                 bonus_tokens=tokens,
-                drafts=no_drafts,
-                new_seq_lens=new_seq_lens,
+                drafts=tokens.new_zeros((tokens.shape[0], 0)),
+                new_seq_lens=batch.seq_lens + 1,
                 num_real=torch.zeros_like(tokens),
             ),
-            speculative_num_draft_tokens=1,
-            speculative_output_stride=1,
-            num_non_draft_tokens_per_req=1,
-            new_seq_lens=new_seq_lens,
-            can_run_cuda_graph=out.can_run_cuda_graph,
         )
 
     def _make_forward_batch(
@@ -250,93 +219,10 @@ class MtpLoraWorker(TargetWrappingWorker):
         spec_info = MtpForwardInput(
             positions=positions, custom_mask=custom_mask, draft_token_num=width
         )
-        return self._forward_batch(
-            batch, ForwardMode.TARGET_VERIFY, input_ids, positions, out_cache_loc, spec_info, width
-        )
-
-    def _make_decode_batch(
-        self,
-        batch,
-        input_ids: torch.Tensor,  # [bs] bonus tokens
-        positions: torch.Tensor,  # [bs] = committed lengths
-        out_cache_loc: torch.Tensor,  # [bs] KV slot of each bonus token
-    ) -> ForwardBatch:
-        """The forward a non-speculative decode step runs: one token per request, decode
-        attention, no custom mask, no gated rows -- so k = 0 costs what ``none`` costs.
-        Decode's ``seq_lens`` include the new token."""
-        return self._forward_batch(
-            batch, ForwardMode.DECODE, input_ids, positions, out_cache_loc, None, 1, new_lens=True
-        )
-
-    def _forward_batch(
-        self,
-        batch,
-        mode: ForwardMode,
-        input_ids: torch.Tensor,  # [bs, width] or [bs]
-        positions: torch.Tensor,  # [bs * width]
-        out_cache_loc: torch.Tensor,  # [bs, width] or [bs]
-        spec_info: MtpForwardInput | None,
-        width: int,
-        new_lens: bool = False,  # seq_lens include this forward's tokens (decode's convention)
-    ) -> ForwardBatch:
-        seq_lens_cpu = batch.seq_lens_cpu
-        bs = len(batch.reqs)
-        forward_batch = ForwardBatch(
-            forward_mode=mode,
-            batch_size=bs,
-            input_ids=input_ids.reshape(-1),
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=batch.seq_lens + width if new_lens else batch.seq_lens,
-            out_cache_loc=out_cache_loc.reshape(-1),
-            seq_lens_sum=None if seq_lens_cpu is None else int(seq_lens_cpu.sum()) + width * bs,
-            seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu + width,
-            positions=positions,
-            spec_algorithm=batch.spec_algorithm,
-            spec_info=spec_info,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-            return_hidden_states_before_norm=False,
-            sampling_info=batch.sampling_info,
-        )
-        self.model_runner.kv_index_translator.bind_own_plan(forward_batch)
-        return forward_batch
-
-    def _verify(
-        self,
-        batch,
-        drafts: torch.Tensor,  # [bs, k]
-        anchor0: torch.Tensor,  # [bs]
-        logits: torch.Tensor,  # [bs, k+1, vocab] base-path logits of the anchors
-    ) -> ChainResult:
-        info = batch.sampling_info
-        bs, width, vocab = logits.shape
-        flat = logits.view(bs * width, vocab)
-        candidates = torch.cat((anchor0[:, None], drafts), dim=1)
-        process_chain_logits(batch, flat, candidates)  # penalties, logit_bias, grammar
-        if info.is_all_greedy:
-            return accept_greedy(drafts, torch.argmax(logits, dim=-1))
-        temperatures = torch.repeat_interleave(info.temperatures, width, dim=0)
-        probs = eagle_utils.sampling_softmax(flat, temperatures=temperatures)
-        if info.need_top_k_sampling:
-            probs = eagle_utils.top_k_renorm_prob(
-                probs, torch.repeat_interleave(info.top_ks, width, dim=0)
-            )
-        if info.need_top_p_sampling:
-            probs = eagle_utils.top_p_renorm_prob(
-                probs, torch.repeat_interleave(info.top_ps, width, dim=0)
-            )
-        coins, final_coins = eagle_utils._verify_coins(
-            sampling_info=info,
-            seq_lens=batch.seq_lens,
-            draft_token_num=width,
-            candidates=candidates,
-            device=drafts.device,
-        )
-        sampler = eagle_utils.tree_speculative_sampling_target_only
-        if sampler is None:
-            raise RuntimeError("MTP_LORA: no speculative sampling kernel on this platform")
-        return accept_sampling(
-            drafts, anchor0, probs.view(bs, width, vocab), coins, final_coins, sampler
-        )
+        return forward_batch_of(
+            self, batch, ForwardMode.TARGET_VERIFY, input_ids, positions, out_cache_loc,
+            spec_info, width,
+        )  # fmt: skip
 
     @staticmethod
     def _next_drafts(

@@ -147,12 +147,9 @@ class DrafterFollowing:
         path_tokens: torch.Tensor,  # [bs, width] accepted path tokens, root first
         context: PrefixContext | None = None,  # the drafting's context, if it drafted
     ) -> dict:
-        """After the verify: the drafter reads the committed tokens now (one extend) -- or,
-        after a step without drafts (width 1), later (``_defer``). Returns the drafter fields
-        of the next ``SpecBlockDraftInput``."""
+        """After a drafting step's verify: the drafter reads the committed tokens (one extend).
+        Returns the drafter fields of the next ``SpecBlockDraftInput``."""
         bs, width = path_tokens.shape
-        if width == 1:
-            return self._defer(reqs, seq_lens + 1, state, root_cond, hidden, path_tokens[:, 0])
         carried = self._no_pending(bs)
         carried["root_cond"] = self._drafter_extend(
             reqs,

@@ -30,6 +30,7 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
+from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.controller import budget_controller
@@ -166,12 +167,10 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self.step_started(batch, tic)
         k = self._choose_budget(seq_lens_list)
         settings = self._budget_settings[k]
-        root_cond = state.root_cond
-        if settings.max_nodes > 1:
-            root_cond = self._catch_up(reqs, seq_lens, state, root_cond)
-            drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
-        else:  # no drafts this step: the root alone; the drafter reads it later (_defer)
-            drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
+        if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
+            return self._forward_plain(batch, state, reqs, seq_lens, tic, k)
+        root_cond = self._catch_up(reqs, seq_lens, state, state.root_cond)
+        drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
         draft_s = time.perf_counter() - tic
         width = settings.max_nodes
         dev = self.device
@@ -208,6 +207,22 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic, k)
         return result
+
+    def _forward_plain(self, batch, state, reqs, seq_lens, tic: float, k: int):
+        """Node budget 1: SGLang's plain decode forward of each root (``plain_step``), its
+        features kept for the drafter's later extend (``_defer``)."""
+        step = plain_step(self, batch, state.bonus_tokens, capture_hidden=True)
+        bonus = state.bonus_tokens.to(torch.long)
+        tic_defer = time.perf_counter()
+        carried = self._defer(reqs, seq_lens + 1, state, state.root_cond, step.hidden, bonus)
+        draft_s = time.perf_counter() - tic_defer  # the drafter's catch-up, if it was due
+        next_input = SpecBlockDraftInput(
+            bonus_tokens=step.tokens.to(torch.int64), new_seq_lens=batch.seq_lens + 1, **carried
+        )
+        bs = bonus.shape[0]
+        roots = DraftResult([DraftTree.rooted_at(t) for t in bonus.tolist()], 0)
+        self._observe(roots, [1] * bs, [[0]] * bs, draft_s, tic, k)
+        return plain_result(batch, step, next_input)
 
     def _choose_budget(self, seq_lens: list[int]) -> int:
         """This step's setting, an index into ``budgets``: the controller's, the next in turn

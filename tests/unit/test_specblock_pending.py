@@ -84,10 +84,7 @@ def test_deferred_tokens_leave_the_drafter_where_eager_extends_would(monkeypatch
         root_e = eager._drafter_extend(
             reqs, committed, torch.ones(2, dtype=torch.long), rows, tokens, torch.arange(2)
         )
-        carried = deferred._follow(
-            reqs, committed, state, state.root_cond, torch.ones(2, dtype=torch.long),
-            rows, tokens[:, None],
-        )  # fmt: skip
+        carried = deferred._defer(reqs, committed + 1, state, state.root_cond, rows, tokens)
         committed = committed + 1
         state = _state(deferred, carried.pop("root_cond"), **carried)
         expected = (step + 1) % limit if limit < 16 else step + 1

@@ -344,8 +344,9 @@ def budget_controller(
     accept a chain's worth at acceptance ``alpha`` per position, up to its ``max_drafts``.
     Each budget is observed only while it runs, so the others are probed now and then."""
     prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
-    config = ControllerConfig(
-        k_max=len(budgets) - 1, alpha_prior=alpha, probe_others_every=32, **SERVED_TUNING
-    )
+    # A budget's probe drafts in the step it runs (no step without drafts, as MTP_LORA's first
+    # step after k = 0 has), so probing while off costs little: every 16 steps, not 256.
+    tuning = {**SERVED_TUNING, "explore_every": 16, "probe_others_every": 32}
+    config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

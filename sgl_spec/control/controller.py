@@ -346,7 +346,9 @@ def budget_controller(
     prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
     # A budget's probe drafts in the step it runs (no step without drafts, as MTP_LORA's first
     # step after k = 0 has), so probing while off costs little: every 16 steps, not 256.
-    tuning = {**SERVED_TUNING, "explore_every": 16, "probe_others_every": 32}
+    # Acceptance moves with each request (a tree of 8 nodes accepts 1 to 4 tokens a step on
+    # one prompt or another): a budget's estimate follows within a few steps.
+    tuning = {**SERVED_TUNING, "explore_every": 16, "probe_others_every": 32, "ewma_weight": 0.25}
     config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

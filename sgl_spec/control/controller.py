@@ -71,7 +71,10 @@ class ControllerConfig:
     explore_every: int = 64
     """After that many consecutive steps at k = 0, try the best k > 0 for ``probe_steps``
     steps so that α can recover (0 never explores); while speculating with calibration on,
-    k = 0 is probed for one step as often."""
+    k = 0 is probed for one step as often, unless ``refresh_every`` says otherwise."""
+    refresh_every: int | None = None
+    """While speculating with calibration on, probe k = 0 for one step (T(0) stays fresh)
+    after that many steps (None: ``explore_every``; 0 never)."""
     probe_steps: int = 1
     calibrate_steps: int = 0
     """> 0 turns online calibration on: step times count as measured after that many
@@ -108,9 +111,10 @@ class ControllerConfig:
         if not 0.0 < self.ewma_weight <= 1.0:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
         least = {"margin": 0, "switch_on_margin": 0, "explore_every": 0, "probe_steps": 1,
-                 "warmup_steps": 0, "calibrate_steps": 0, "probe_others_every": 0}  # fmt: skip
+                 "warmup_steps": 0, "calibrate_steps": 0, "probe_others_every": 0,
+                 "refresh_every": 0}  # fmt: skip
         for name, low in least.items():
-            if getattr(self, name) < low:
+            if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.time_window < max(self.calibrate_steps, 1):
             raise ValueError(
@@ -263,7 +267,8 @@ class SpeculationController:
             self.num_steps_off = 0
             self.num_steps_on += 1
             self._backoff = 1
-            if self.calibrating and every and self.num_steps_on % (every + 1) == 0:
+            refresh = every if self.config.refresh_every is None else self.config.refresh_every
+            if self.calibrating and refresh and self.num_steps_on % (refresh + 1) == 0:
                 # refresh T(0) with one plain step; speculation stays on
                 return replace(self.predict(0, batch_size, ctx_len), explore=True)
             others = self.config.probe_others_every
@@ -345,10 +350,12 @@ def budget_controller(
     Each budget is observed only while it runs, so the others are probed now and then."""
     prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
     # A budget's probe drafts in the step it runs (no step without drafts, as MTP_LORA's first
-    # step after k = 0 has), so probing while off costs little: every 16 steps, not 256.
+    # step after k = 0 has), so probing while off costs little: every 16 steps, not 256; a
+    # plain step while speculating still costs one (T(0) refreshed every 256 steps).
     # Acceptance moves with each request (a tree of 8 nodes accepts 1 to 4 tokens a step on
     # one prompt or another): a budget's estimate follows within a few steps.
-    tuning = {**SERVED_TUNING, "explore_every": 16, "probe_others_every": 32, "ewma_weight": 0.25}
+    tuning = {**SERVED_TUNING, "explore_every": 16, "refresh_every": 256}
+    tuning.update(probe_others_every=32, ewma_weight=0.25)
     config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

@@ -300,7 +300,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         )
         self.metrics.observe_step(num_accepted, offered, draft_s, step_s - draft_s)
         self.metrics.observe_trees(num_nodes)
-        if len(self.budgets) > 1:
+        if self.settings.budget != "fixed":  # auto, cycle, off: the budget of every step
             self.metrics.observe_k(self.budgets[k] - 1)
         if self.controller is not None:
             self.controller.observe(k, num_accepted)

@@ -165,3 +165,10 @@ def test_step_clock_measures_start_to_start_of_the_same_requests() -> None:
     assert clock.tick(("a", "b", "c"), 3.0) is None
     clock.chosen(0, 3)
     assert clock.tick(("b", "c"), 3.5) is None  # a request finished: another batch shape
+
+
+def test_speculating_budget_controller_runs_few_plain_steps() -> None:
+    """Off, it probes every 16 steps; on, T(0) is refreshed only every 256 steps."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    serve(ctrl, 4, 200, node_cost=0.05)  # calibrated, speculating at budget 4
+    assert serve(ctrl, 4, 500, node_cost=0.05)[1] <= 3

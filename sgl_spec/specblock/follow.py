@@ -11,7 +11,6 @@ import torch
 
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix
-from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.pending import PENDING_LIMIT, appended, no_pending
 
 logger = logging.getLogger(__name__)
@@ -140,8 +139,6 @@ class DrafterFollowing:
         self,
         reqs: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs] committed before this step
-        state: SpecBlockDraftInput,  # this step's input
-        root_cond: torch.Tensor,  # [bs, d] this step's root condition
         accept_lens: torch.Tensor,  # [bs] accepted drafts + 1
         hidden: torch.Tensor,  # [bs * width, ...] target features, accepted path first
         path_tokens: torch.Tensor,  # [bs, width] accepted path tokens, root first
@@ -162,21 +159,28 @@ class DrafterFollowing:
         )
         return carried
 
-    def _catch_up(self, reqs, committed, state, root_cond: torch.Tensor) -> torch.Tensor:
-        """Before drafting: the drafter reads the tokens of the steps run without drafts
-        (``pending.py``), in one extend; returns the root condition they lead to."""
-        count = state.pending_count
+    def _catch_up(
+        self,
+        reqs: torch.Tensor,  # [bs]
+        committed: torch.Tensor,  # [bs] committed tokens, the pending ones included
+        count: torch.Tensor,  # [bs] pending tokens per request
+        tokens: torch.Tensor,  # [bs, P] their ids
+        features: torch.Tensor,  # [bs, P, F] their target features
+        root_cond: torch.Tensor,  # [bs, d] the condition before them
+    ) -> torch.Tensor:
+        """The drafter reads the tokens of the steps run without drafts (``pending.py``), in
+        one extend; returns the root condition they lead to."""
         if not bool((count > 0).any()):
             return root_cond
-        bs, width = state.pending_tokens.shape
+        bs, width = tokens.shape
         caught_up = self._drafter_extend(
             reqs,
             committed - count,
             count,
             None,
-            state.pending_tokens.reshape(-1),
+            tokens.reshape(-1),
             torch.arange(bs, device=self.device) * width,
-            features=state.pending_features.reshape(bs * width, -1),
+            features=features.reshape(bs * width, -1),
         )
         return torch.where((count > 0)[:, None], caught_up.to(root_cond.dtype), root_cond)
 
@@ -195,8 +199,5 @@ class DrafterFollowing:
         carried.update(root_cond=root_cond, pending_count=count)
         if features.shape[1] < PENDING_LIMIT:
             return carried
-        full = SpecBlockDraftInput(bonus_tokens=tokens, new_seq_lens=committed, **carried)
-        return {
-            **self._no_pending(bs),
-            "root_cond": self._catch_up(reqs, committed, full, root_cond),
-        }
+        caught_up = self._catch_up(reqs, committed, count, pending_tokens, features, root_cond)
+        return {**self._no_pending(bs), "root_cond": caught_up}

@@ -169,7 +169,10 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         settings = self._budget_settings[k]
         if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
             return self._forward_plain(batch, state, reqs, seq_lens, tic, k)
-        root_cond = self._catch_up(reqs, seq_lens, state, state.root_cond)
+        root_cond = self._catch_up(
+            reqs, seq_lens, state.pending_count, state.pending_tokens, state.pending_features,
+            state.root_cond,
+        )  # fmt: skip
         drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
         draft_s = time.perf_counter() - tic
         width = settings.max_nodes
@@ -193,9 +196,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         path_tokens[:, : accept_index.shape[1]] = packed.draft_tokens.to(dev)[
             accept_index.clamp(min=0)
         ]
-        carried = self._follow(
-            reqs, seq_lens, state, root_cond, accept_lens, hidden, path_tokens, context
-        )
+        carried = self._follow(reqs, seq_lens, accept_lens, hidden, path_tokens, context)
         draft_s += time.perf_counter() - tic_extend
         result.next_draft_input = SpecBlockDraftInput(
             bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),

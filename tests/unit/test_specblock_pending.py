@@ -89,7 +89,10 @@ def test_deferred_tokens_leave_the_drafter_where_eager_extends_would(monkeypatch
         state = _state(deferred, carried.pop("root_cond"), **carried)
         expected = (step + 1) % limit if limit < 16 else step + 1
         assert state.pending_count.tolist() == [expected, expected]
-    root_d = deferred._catch_up(reqs, committed, state, state.root_cond)
+    root_d = deferred._catch_up(
+        reqs, committed, state.pending_count, state.pending_tokens, state.pending_features,
+        state.root_cond,
+    )  # fmt: skip
     torch.testing.assert_close(root_d, root_e)
     for a, b in zip(
         eager._pool.keys + eager._pool.values,

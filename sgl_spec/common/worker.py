@@ -37,6 +37,7 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.metrics = SpecMetrics(self.name, server_args)
         self._clock = StepClock()
+        self._last_rids: tuple | None = None  # the requests of the last decode step
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted
@@ -88,9 +89,14 @@ class TargetWrappingWorker(BaseSpecWorker):
         the server, up to now (``StepClock``: the scheduler's work on its output included)."""
         if self.controller is None:
             return
-        measured = self._clock.tick(tuple(req.rid for req in batch.reqs), now)
+        rids = tuple(req.rid for req in batch.reqs)
+        measured = self._clock.tick(rids, now)
         if measured is not None:
             self.controller.observe_step(*measured)
+        elif self._last_rids is not None:  # the batch changed: who joined it
+            joined = len(set(rids).difference(self._last_rids))
+            self.controller.requests_joined(joined, len(rids))
+        self._last_rids = rids
 
     def step_chosen(self, k: int, batch_size: int) -> None:
         """The controller's setting ``k`` for the step ``step_started`` began."""

@@ -55,6 +55,10 @@ SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
 # to this multiple of ``explore_every``; a step that speculates on merit resets it.
 MAX_EXPLORE_BACKOFF = 8
 
+# With ``probe_on_turnover``: steps at k = 0 a turned-over batch runs before its probe (its
+# new requests' first tokens, committed plainly whatever the probe finds).
+TURNOVER_PROBE_STEPS = 2
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -90,6 +94,11 @@ class ControllerConfig:
     """Extra margin to turn speculation on while it is off: the first step after k = 0 has no
     drafts to verify (it pays T(k) for one token), so a marginal predicted gain would be eaten
     by switching back and forth."""
+    probe_on_turnover: bool = False
+    """While speculation is off, once the requests that joined the batch since the last probe
+    make up half of it, probe again within ``TURNOVER_PROBE_STEPS`` steps and reset the backoff:
+    acceptance is a property of the requests, and what left drafting off may have left with
+    them (at one request, every new request is a new batch)."""
     warmup_steps: int = 0
     """With calibration, the first steps a server runs are plain (k = 0) and their times are not
     recorded: lazy initialisation makes them several times slower than the rest, and T(0) is
@@ -191,6 +200,7 @@ class SpeculationController:
         self.num_steps_seen = 0  # steps reported to observe_step, warm-up included
         self.num_steps_on = 0  # consecutive steps at k > 0
         self._backoff = 1  # explore_every multiplier while speculation stays off
+        self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
         self._probe: tuple[int, int] | None = None  # (k, steps left)
 
     @property
@@ -310,7 +320,19 @@ class SpeculationController:
                 return self._start_probe(bound, steps)
         return None
 
+    def requests_joined(self, joined: int, batch_size: int) -> None:
+        """``joined`` requests new to the batch of ``batch_size`` (``probe_on_turnover``)."""
+        if not self.config.probe_on_turnover or joined <= 0:
+            return
+        self._joined += joined
+        every = self.config.explore_every
+        if every and self.num_steps_on == 0 and 2 * self._joined >= batch_size:
+            self._joined = 0
+            self._backoff = 1
+            self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
+
     def _start_probe(self, decision: Decision, steps: int | None = None) -> Decision:
+        self._joined = 0
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
             self._probe = (decision.k, steps - 1)
@@ -355,7 +377,7 @@ def budget_controller(
     # Acceptance moves with each request (a tree of 8 nodes accepts 1 to 4 tokens a step on
     # one prompt or another): a budget's estimate follows within a few steps.
     tuning = {**SERVED_TUNING, "explore_every": 16, "refresh_every": 256}
-    tuning.update(probe_others_every=32, ewma_weight=0.25)
+    tuning.update(probe_others_every=32, ewma_weight=0.25, probe_on_turnover=True)
     config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

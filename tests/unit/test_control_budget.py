@@ -5,11 +5,16 @@ a budget from simulated step times and acceptance, following a load change both 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from sgl_spec.control.acceptance import BudgetAcceptance, ChainAcceptance
-from sgl_spec.control.controller import SpeculationController, budget_controller
+from sgl_spec.control.controller import (
+    TURNOVER_PROBE_STEPS,
+    SpeculationController,
+    budget_controller,
+)
 from sgl_spec.control.cost_model import BudgetCost
 from sgl_spec.control.step_times import StepClock
 from sgl_spec.specblock.drafting import DraftSettings
@@ -172,3 +177,33 @@ def test_speculating_budget_controller_runs_few_plain_steps() -> None:
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
     serve(ctrl, 4, 200, node_cost=0.05)  # calibrated, speculating at budget 4
     assert serve(ctrl, 4, 500, node_cost=0.05)[1] <= 3
+
+
+def test_a_new_request_at_one_request_is_probed_at_once() -> None:
+    """At bs 1, a request that accepts nothing turns drafting off and, probe after probe, the
+    wait between probes grows; the next request (the batch turned over) is probed within
+    ``TURNOVER_PROBE_STEPS`` + 1 steps and drafts if it accepts."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    serve(ctrl, 1, 200, node_cost=0.05)  # calibrated
+    assert serve(ctrl, 1, 600, node_cost=0.05, accepted=NOTHING)[1] > 0.9 * 600
+    assert ctrl._backoff > 1
+    ctrl.requests_joined(1, 1)
+    soon = serve(ctrl, 1, TURNOVER_PROBE_STEPS + 1, node_cost=0.05)
+    assert soon[1] <= TURNOVER_PROBE_STEPS  # the probe drafts
+    assert serve(ctrl, 1, 100, node_cost=0.05)[8] > 0.8 * 100  # and stays on
+
+
+def test_a_few_joins_in_a_large_batch_do_not_bring_probes_forward() -> None:
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    serve(ctrl, 32, 300, node_cost=0.1)  # calibrated, off
+    waits = ctrl.num_steps_off, ctrl._backoff
+    for _ in range(15):  # 15 of 32 new: less than half the batch
+        ctrl.requests_joined(1, 32)
+    assert (ctrl.num_steps_off, ctrl._backoff) == waits
+    ctrl.requests_joined(1, 32)  # the 16th: half the batch is new
+    assert ctrl._backoff == 1 and ctrl.num_steps_off >= ctrl.config.explore_every - 2
+    mtp_like = SpeculationController(
+        None, BudgetCost(BUDGETS), replace(ctrl.config, probe_on_turnover=False)
+    )
+    mtp_like.requests_joined(32, 32)
+    assert mtp_like.num_steps_off == 0 and mtp_like._joined == 0

@@ -93,9 +93,9 @@ class TargetWrappingWorker(BaseSpecWorker):
         measured = self._clock.tick(rids, now)
         if measured is not None:
             self.controller.observe_step(*measured)
-        elif self._last_rids is not None:  # the batch changed: who joined it
+        elif self._last_rids is not None and rids != self._last_rids:  # who joined, who left
             joined = len(set(rids).difference(self._last_rids))
-            self.controller.requests_joined(joined, len(rids))
+            self.controller.batch_changed(joined, len(rids))
         self._last_rids = rids
 
     def step_chosen(self, k: int, batch_size: int) -> None:

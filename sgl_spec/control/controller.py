@@ -96,9 +96,10 @@ class ControllerConfig:
     by switching back and forth."""
     probe_on_turnover: bool = False
     """While speculation is off, once the requests that joined the batch since the last probe
-    make up half of it, probe again within ``TURNOVER_PROBE_STEPS`` steps and reset the backoff:
-    acceptance is a property of the requests, and what left drafting off may have left with
-    them (at one request, every new request is a new batch)."""
+    make up half of it, or the batch has shrunk to half its size at that probe, probe again
+    within ``TURNOVER_PROBE_STEPS`` steps and reset the backoff: acceptance is a property of
+    the requests, and what left drafting off may have left with them (at one request, every
+    new request is a new batch); and a smaller batch has more idle compute for drafts."""
     warmup_steps: int = 0
     """With calibration, the first steps a server runs are plain (k = 0) and their times are not
     recorded: lazy initialisation makes them several times slower than the rest, and T(0) is
@@ -201,6 +202,8 @@ class SpeculationController:
         self.num_steps_on = 0  # consecutive steps at k > 0
         self._backoff = 1  # explore_every multiplier while speculation stays off
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
+        self._batch_size = 0  # of the last decision
+        self._probed_batch_size = 0  # at the last probe
         self._probe: tuple[int, int] | None = None  # (k, steps left)
 
     @property
@@ -260,6 +263,7 @@ class SpeculationController:
         return top
 
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
+        self._batch_size = batch_size
         if self._probe is not None:
             k, left = self._probe
             self._probe = (k, left - 1) if left > 1 else None
@@ -320,19 +324,24 @@ class SpeculationController:
                 return self._start_probe(bound, steps)
         return None
 
-    def requests_joined(self, joined: int, batch_size: int) -> None:
-        """``joined`` requests new to the batch of ``batch_size`` (``probe_on_turnover``)."""
-        if not self.config.probe_on_turnover or joined <= 0:
+    def batch_changed(self, joined: int, batch_size: int) -> None:
+        """The batch now holds ``batch_size`` requests, ``joined`` of them new
+        (``probe_on_turnover``)."""
+        if not self.config.probe_on_turnover:
             return
-        self._joined += joined
+        self._joined += max(joined, 0)
         every = self.config.explore_every
-        if every and self.num_steps_on == 0 and 2 * self._joined >= batch_size:
+        turned_over = 2 * self._joined >= batch_size
+        shrunk = 2 * batch_size <= self._probed_batch_size
+        if every and self.num_steps_on == 0 and (turned_over or shrunk):
             self._joined = 0
+            self._probed_batch_size = batch_size
             self._backoff = 1
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
 
     def _start_probe(self, decision: Decision, steps: int | None = None) -> Decision:
         self._joined = 0
+        self._probed_batch_size = self._batch_size
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
             self._probe = (decision.k, steps - 1)

@@ -187,7 +187,7 @@ def test_a_new_request_at_one_request_is_probed_at_once() -> None:
     serve(ctrl, 1, 200, node_cost=0.05)  # calibrated
     assert serve(ctrl, 1, 600, node_cost=0.05, accepted=NOTHING)[1] > 0.9 * 600
     assert ctrl._backoff > 1
-    ctrl.requests_joined(1, 1)
+    ctrl.batch_changed(1, 1)
     soon = serve(ctrl, 1, TURNOVER_PROBE_STEPS + 1, node_cost=0.05)
     assert soon[1] <= TURNOVER_PROBE_STEPS  # the probe drafts
     assert serve(ctrl, 1, 100, node_cost=0.05)[8] > 0.8 * 100  # and stays on
@@ -198,12 +198,29 @@ def test_a_few_joins_in_a_large_batch_do_not_bring_probes_forward() -> None:
     serve(ctrl, 32, 300, node_cost=0.1)  # calibrated, off
     waits = ctrl.num_steps_off, ctrl._backoff
     for _ in range(15):  # 15 of 32 new: less than half the batch
-        ctrl.requests_joined(1, 32)
+        ctrl.batch_changed(1, 32)
     assert (ctrl.num_steps_off, ctrl._backoff) == waits
-    ctrl.requests_joined(1, 32)  # the 16th: half the batch is new
+    ctrl.batch_changed(1, 32)  # the 16th: half the batch is new
     assert ctrl._backoff == 1 and ctrl.num_steps_off >= ctrl.config.explore_every - 2
     mtp_like = SpeculationController(
         None, BudgetCost(BUDGETS), replace(ctrl.config, probe_on_turnover=False)
     )
-    mtp_like.requests_joined(32, 32)
+    mtp_like.batch_changed(32, 32)
     assert mtp_like.num_steps_off == 0 and mtp_like._joined == 0
+
+
+def test_a_batch_halved_since_the_last_probe_is_probed_again() -> None:
+    """Load falling (requests leaving, none joining): each halving of the batch since the last
+    probe brings the next probe forward, so the last request alone is probed at once."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    serve(ctrl, 1, 200, node_cost=0.05)  # bs 1 calibrated (drafting pays there)
+    serve(ctrl, 32, 300, node_cost=0.1)  # off, probed now and then at bs 32
+    assert ctrl._probed_batch_size == 32 and ctrl._backoff > 1
+    ctrl.batch_changed(0, 20)  # not yet half
+    assert ctrl._backoff > 1
+    ctrl.batch_changed(0, 16)
+    assert ctrl._backoff == 1 and ctrl.num_steps_off >= ctrl.config.explore_every - 2
+    serve(ctrl, 16, 3, node_cost=0.1)  # the probe runs at bs 16
+    assert ctrl._probed_batch_size == 16
+    ctrl.batch_changed(0, 1)
+    assert serve(ctrl, 1, TURNOVER_PROBE_STEPS + 1, node_cost=0.05)[1] <= TURNOVER_PROBE_STEPS

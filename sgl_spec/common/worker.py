@@ -37,7 +37,6 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.metrics = SpecMetrics(self.name, server_args)
         self._clock = StepClock()
-        self._last_rids: tuple | None = None  # the requests of the last decode step
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted
@@ -90,13 +89,13 @@ class TargetWrappingWorker(BaseSpecWorker):
         if self.controller is None:
             return
         rids = tuple(req.rid for req in batch.reqs)
+        previous = self._clock.last_key
         measured = self._clock.tick(rids, now)
         if measured is not None:
             self.controller.observe_step(*measured)
-        elif self._last_rids is not None and rids != self._last_rids:  # who joined, who left
-            joined = len(set(rids).difference(self._last_rids))
+        elif previous is not None and rids != previous:  # who joined, who left
+            joined = len(set(rids).difference(previous))
             self.controller.batch_changed(joined, len(rids))
-        self._last_rids = rids
 
     def step_chosen(self, k: int, batch_size: int) -> None:
         """The controller's setting ``k`` for the step ``step_started`` began."""

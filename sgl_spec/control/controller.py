@@ -202,7 +202,6 @@ class SpeculationController:
         self.num_steps_on = 0  # consecutive steps at k > 0
         self._backoff = 1  # explore_every multiplier while speculation stays off
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
-        self._batch_size = 0  # of the last decision
         self._probed_batch_size = 0  # at the last probe
         self._probe: tuple[int, int] | None = None  # (k, steps left)
 
@@ -263,7 +262,6 @@ class SpeculationController:
         return top
 
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
-        self._batch_size = batch_size
         if self._probe is not None:
             k, left = self._probe
             self._probe = (k, left - 1) if left > 1 else None
@@ -293,7 +291,8 @@ class SpeculationController:
                     if j != decision.k
                 ]
                 if rivals:
-                    return self._start_probe(max(rivals, key=lambda d: d.predicted_speedup))
+                    best_rival = max(rivals, key=lambda d: d.predicted_speedup)
+                    return self._start_probe(best_rival, batch_size)
             return decision
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
@@ -301,7 +300,7 @@ class SpeculationController:
             # Each probe that leaves speculation off doubles the wait for the next one.
             self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
             explore = self.best(batch_size, ctx_len, min_k=1)
-            return self._start_probe(explore)
+            return self._start_probe(explore, batch_size)
         self.num_steps_off += 1
         return decision
 
@@ -321,7 +320,7 @@ class SpeculationController:
                 if bound.predicted_speedup <= 1.0 + self.config.margin:
                     continue  # cannot pay even if it cost no more than the last measured k
                 steps = self.times.min_samples - self.times.count(batch_size, k)
-                return self._start_probe(bound, steps)
+                return self._start_probe(bound, batch_size, steps)
         return None
 
     def batch_changed(self, joined: int, batch_size: int) -> None:
@@ -329,7 +328,7 @@ class SpeculationController:
         (``probe_on_turnover``)."""
         if not self.config.probe_on_turnover:
             return
-        self._joined += max(joined, 0)
+        self._joined += joined
         every = self.config.explore_every
         turned_over = 2 * self._joined >= batch_size
         shrunk = 2 * batch_size <= self._probed_batch_size
@@ -339,9 +338,11 @@ class SpeculationController:
             self._backoff = 1
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
 
-    def _start_probe(self, decision: Decision, steps: int | None = None) -> Decision:
+    def _start_probe(
+        self, decision: Decision, batch_size: int, steps: int | None = None
+    ) -> Decision:
         self._joined = 0
-        self._probed_batch_size = self._batch_size
+        self._probed_batch_size = batch_size
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
             self._probe = (decision.k, steps - 1)

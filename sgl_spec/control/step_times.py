@@ -96,6 +96,11 @@ class StepClock:
             return None
         return last[2], last[3], now - last[0]
 
+    @property
+    def last_key(self) -> object | None:
+        """The requests of the step the last ``tick`` started (None before any)."""
+        return None if self._last is None else self._last[1]
+
     def chosen(self, k: int, batch_size: int) -> None:
         """The step started by the last ``tick`` runs setting ``k`` for ``batch_size``."""
         if self._last is not None:

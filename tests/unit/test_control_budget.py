@@ -159,7 +159,9 @@ def test_the_default_acceptance_model_is_a_chains() -> None:
 
 def test_step_clock_measures_start_to_start_of_the_same_requests() -> None:
     clock = StepClock()
+    assert clock.last_key is None
     assert clock.tick(("a", "b"), 1.0) is None  # nothing before
+    assert clock.last_key == ("a", "b")
     clock.chosen(2, 2)
     assert clock.tick(("a", "b"), 1.5) == (2, 2, 0.5)
     clock.chosen(0, 2)

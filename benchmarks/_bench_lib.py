@@ -27,6 +27,9 @@ BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms
 OPTIONAL_BENCH_METRICS = ("median_tpot_ms",)
 RATIO_METRICS = ("output_throughput", "mean_e2e_latency_ms", "mean_tpot_ms")
 SPECULATIVE_PREFIX = "--speculative-"
+# Token ids of the benchmarks' own prompts: below 250 so that any real vocabulary (and the
+# tests' tiny 512-token one) holds them, above 10 to skip the usual special tokens.
+TOKEN_RANGE = (10, 250)
 RESERVED_FLAGS = ("--host", "--port")
 # --interleave keeps every server up at once: each needs a capped KV pool (SGLang otherwise
 # sizes it from free memory, and the second server finds none), and idle ones must sleep.

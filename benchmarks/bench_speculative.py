@@ -50,6 +50,7 @@ import hf_peer
 import mtp_trace
 import requests
 from _bench_lib import (
+    TOKEN_RANGE,
     BenchError,
     algorithm_env,
     assemble,
@@ -72,9 +73,6 @@ from server_process import ServerProcess, pick_port, tail
 NUM_GREEDY_PROMPTS = 8
 MAX_GREEDY_NEW_TOKENS = 64
 MAX_GREEDY_PROMPT_LEN = 32
-# Token ids of the greedy prompts: below 250 so that any real vocabulary (and the tests' tiny
-# 512-token one) holds them, above 10 to skip the usual special tokens.
-GREEDY_TOKEN_RANGE = (10, 250)
 # --interleave: server i listens at or above --port-base + PORT_STRIDE * i
 PORT_STRIDE = 10
 
@@ -83,10 +81,7 @@ def greedy_prompts(input_len: int) -> list[list[int]]:
     """The same prompts for every algorithm and every invocation (seeded)."""
     rng = random.Random(0)
     length = min(input_len, MAX_GREEDY_PROMPT_LEN)
-    return [
-        [rng.randrange(*GREEDY_TOKEN_RANGE) for _ in range(length)]
-        for _ in range(NUM_GREEDY_PROMPTS)
-    ]
+    return [[rng.randrange(*TOKEN_RANGE) for _ in range(length)] for _ in range(NUM_GREEDY_PROMPTS)]
 
 
 def run_bench_serving(port: int, args: argparse.Namespace, model: str | None, work: Path) -> dict:

@@ -35,12 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-from _bench_lib import ALGORITHMS, algorithm_env, host_info, server_flags
+from _bench_lib import ALGORITHMS, TOKEN_RANGE, algorithm_env, host_info, server_flags
 from server_process import ServerProcess, pick_port
 
 K_METRIC = "sglang:spec_chosen_k"
 PLAIN_METRIC = "sglang:spec_plain_steps_total"
-TOKEN_RANGE = (10, 250)  # prompt token ids: inside any real vocabulary, past special tokens
 MIN_CHANGE = 0.5  # steady k levels closer than this: the load step changes nothing to follow
 
 
@@ -176,6 +175,14 @@ def transitions(phases: list[Phase], samples: list[dict], wins: list[dict]) -> l
     return out
 
 
+def generate(url: str, rng: random.Random, args: argparse.Namespace, max_new_tokens: int):
+    """One greedy request of ``--input-len`` random prompt tokens; the response."""
+    ids = [rng.randrange(*TOKEN_RANGE) for _ in range(args.input_len)]
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    payload = {"input_ids": ids, "sampling_params": params}
+    return requests.post(url + "/generate", json=payload, timeout=args.timeout)
+
+
 class Driver:
     """Clients sending back-to-back greedy requests at the phases' concurrency, and a scraper
     of ``/metrics``; times are seconds since ``start``."""
@@ -199,17 +206,10 @@ class Driver:
             if index >= concurrency_at(self.phases, now):
                 time.sleep(0.02)
                 continue
-            ids = [rng.randrange(*TOKEN_RANGE) for _ in range(self.args.input_len)]
-            params = {"temperature": 0, "max_new_tokens": self.args.output_len}
-            params["ignore_eos"] = True
             with self.lock:
                 self.inflight += 1
             try:
-                resp = requests.post(
-                    self.url + "/generate",
-                    json={"input_ids": ids, "sampling_params": params},
-                    timeout=self.args.timeout,
-                )
+                resp = generate(self.url, rng, self.args, self.args.output_len)
                 ok = resp.status_code == 200
                 why = f"HTTP {resp.status_code}: {resp.text[:200]}"
             except requests.RequestException as exc:
@@ -247,13 +247,8 @@ def warm_up(url: str, args: argparse.Namespace) -> None:
     """Two short requests one after the other: the first phase then measures a warm server.
     The controller meets every other load cold, in the measured phases."""
     rng = random.Random(args.seed - 1)
-    params = {"temperature": 0, "max_new_tokens": min(args.output_len, 32)}
     for _ in range(2):
-        ids = [rng.randrange(*TOKEN_RANGE) for _ in range(args.input_len)]
-        resp = requests.post(
-            url + "/generate", json={"input_ids": ids, "sampling_params": params}, timeout=600
-        )
-        resp.raise_for_status()
+        generate(url, rng, args, min(args.output_len, 32)).raise_for_status()
 
 
 def plot(result: dict, path: Path) -> None:

@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from _bench_lib import algorithm_env, host_info, server_flags
+from _bench_lib import TOKEN_RANGE, algorithm_env, host_info, server_flags
 from server_process import ServerProcess, pick_port
 
 DEFAULT_ALGORITHMS = ("none", "standalone", "mtp_lora", "specblock", "minedraft")
-TOKEN_RANGE = (10, 250)  # prompt token ids: inside any real vocabulary, past special tokens
 NUM_SHARED_PREFIXES, SHARED_PREFIX_SHARE = 4, 0.3
 ABORT_MODES = ("disconnect", "abort_request")
 

@@ -69,6 +69,18 @@ ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
     # sgl-spec's STANDALONE_FULL (SGLang's STANDALONE, the draft reading the whole sequence)
     "standalone": Algorithm(("--speculative-algorithm", "STANDALONE_FULL"), CHAIN_DEFAULTS),
+    # the chain length chosen per step by the speculation controller (sgl_spec/control), 0 to
+    # the chain's --speculative-num-steps; 0 is a step without drafts
+    "standalone-auto": Algorithm(
+        ("--speculative-algorithm", "STANDALONE_FULL", "--standalone-steps", "auto"),
+        CHAIN_DEFAULTS,
+    ),
+    # every step at 0 drafts: the floor `standalone-auto` reaches when its controller keeps
+    # drafting off
+    "standalone-off": Algorithm(
+        ("--speculative-algorithm", "STANDALONE_FULL", "--standalone-steps", "off"),
+        CHAIN_DEFAULTS,
+    ),
     # SGLang's own STANDALONE (EAGLE's shifted draft layout), for comparison
     "standalone_sglang": Algorithm(("--speculative-algorithm", "STANDALONE"), CHAIN_DEFAULTS),
     # fixed k (the shipped adapter's k_max is 4); --mtp-k on the command line overrides it

@@ -48,6 +48,13 @@ class StandaloneFull(Algorithm):
             raise ValueError(f"{name} needs --speculative-draft-model-path (the draft model)")
         check_draft_model(launch.draft_model_path, launch)
         check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
+        mode = config.standalone_steps
+        if mode != "fixed":  # SGLang's adaptive step switching: chains only (control.py)
+            if launch.eagle_topk not in (None, 1):
+                raise ValueError(
+                    f"--standalone-steps {mode} chooses a chain's length: it needs"
+                    f" --speculative-eagle-topk 1, got {launch.eagle_topk}"
+                )
         return launch.num_steps, launch.num_draft_tokens
 
     def verify_shape(self, settings: tuple[int | None, int | None]) -> tuple[int, int]:

@@ -46,18 +46,7 @@ from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_p
 from sglang.srt.utils.common import fast_topk
 
 from sgl_spec.common.metrics import SpecMetrics
-from sgl_spec.standalone import NAME
-
-# Set on a Req whose bonus token has no draft KV yet (fresh from prefill).
-_PENDING = "_sgl_spec_draft_bonus_pending"
-
-
-def is_pending(req: object) -> bool:
-    return bool(getattr(req, _PENDING, False))
-
-
-def set_pending(req: object, value: bool) -> None:
-    setattr(req, _PENDING, value)
+from sgl_spec.standalone import NAME, catch_up
 
 
 def shift_seq_lens(batch: object, delta: int) -> None:
@@ -160,7 +149,7 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             forward_batch.return_logprob = False
             self.draft_runner.forward(forward_batch)
             for req in batch.reqs:
-                set_pending(req, True)
+                catch_up.mark_fresh(req)
         # Placeholder proposals: the first draft() recomputes them from the bonus token.
         device = next_token_ids.device
         vocab = self.draft_runner.model_config.vocab_size
@@ -210,15 +199,53 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         if probs is not None:
             draft_input.draft_probs = probs
         for req in batch.reqs:
-            set_pending(req, False)
+            catch_up.mark_caught_up(req)
+
+    def _catch_up(
+        self, batch, seq_lens: torch.Tensor, bonus: torch.Tensor, draft_input: EagleDraftInput
+    ) -> None:
+        """The draft reads every request's deferred tokens and its ``bonus`` token (at
+        ``seq_lens``) in one forward (``catch_up.py``); the proposals after the bonus token
+        replace ``draft_input``'s."""
+        seq_lens_list = seq_lens.tolist()
+        logits = catch_up.catch_up_forward(
+            self.draft_runner, batch.reqs, batch.req_pool_indices, seq_lens_list,
+            bonus.to(torch.int64), batch.sampling_info,
+        )  # fmt: skip
+        topk_p, topk_index, probs = self._propose(logits, batch.sampling_info, seq_lens)
+        draft_input.topk_p, draft_input.topk_index = topk_p, topk_index
+        if probs is not None:
+            draft_input.draft_probs = probs
+
+    def _defer_extend(self, batch, batch_result) -> None:
+        """After a step without drafts: the draft extend waits (``catch_up.py``) unless a
+        request has deferred ``CATCH_UP_LIMIT`` tokens; the carried proposals are placeholders
+        the next drafting step's catch-up replaces."""
+        bs = len(batch.seq_lens)
+        catch_up.defer(batch.reqs, batch.spec_info.draft_token.view(bs))
+        next_draft_input = batch_result.next_draft_input
+        device = batch.seq_lens.device
+        next_draft_input.topk_p = torch.ones((bs, self.topk), dtype=torch.float32, device=device)
+        next_draft_input.topk_index = torch.zeros((bs, self.topk), dtype=torch.int64, device=device)
+        next_draft_input.hidden_states = None
+        if get_spec().speculative_use_rejection_sampling:
+            vocab = self.draft_runner.model_config.vocab_size
+            next_draft_input.draft_probs = torch.zeros(
+                (bs, vocab), dtype=torch.float32, device=device
+            )
+        if catch_up.over_limit(batch.reqs):
+            bonus = batch_result.next_token_ids.view(bs)
+            self._catch_up(batch, batch_result.new_seq_lens, bonus, next_draft_input)
+        next_draft_input.cuda_graph_compatible = True
 
     def _observe_step(self, accept_lens: torch.Tensor, extend_tic: float) -> None:
         """One step for the metrics: ``draft`` ran, then verify, then the draft extend (from
         ``extend_tic`` until now)."""
         span, metrics = self._draft_span, self.spec_metrics
         self._draft_span = None
-        if span is None or metrics is None:
+        if metrics is None:
             return
+        span = span or (extend_tic, extend_tic)  # a step without drafts
         accepted = (accept_lens - 1).tolist()
         draft_s = span[1] - span[0] + time.perf_counter() - extend_tic
         offered = [self.speculative_num_steps] * len(accepted)  # draft depth per request
@@ -231,7 +258,9 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             return super().draft(batch, with_topology=with_topology)
         tic = time.perf_counter()
         draft_input: EagleDraftInput = batch.spec_info
-        if any(is_pending(req) for req in batch.reqs):
+        if catch_up.any_behind(batch.reqs):  # after steps without drafts
+            self._catch_up(batch, batch.seq_lens, draft_input.bonus_tokens, draft_input)
+        elif catch_up.any_pending(batch.reqs):  # fresh from prefill: the bonus token alone
             self._draft_bonus(batch, draft_input)
         shift_seq_lens(batch, 1)
         try:
@@ -280,6 +309,10 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         if batch.forward_mode.is_idle():
             return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
         tic = time.perf_counter()
+        if self.speculative_num_steps == 0:  # the root alone was verified
+            self._defer_extend(batch, batch_result)
+            self._observe_step(batch_result.accept_lens, tic)
+            return
         num_draft_tokens = self.speculative_num_draft_tokens
         width = num_draft_tokens + 1
         bs = len(batch.seq_lens)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from sgl_spec.config import SpecConfig
+from sgl_spec.config import SpecConfig, process_config
 
 TARGET = "sglang.srt.speculative.standalone_worker_v2"
 CLASS = "StandaloneDraftWorker"
+# With --standalone-steps other than fixed, SGLang's worker is replaced too (control.py).
+WORKER_CLASS = "StandaloneWorkerV2"
 
 
 def enabled(config: SpecConfig) -> bool:
@@ -40,6 +42,12 @@ def check() -> None:
     for name in ("prepare_for_draft", "prepare_for_draft_extend", "build_eagle_verify_input"):
         if not hasattr(eagle_worker_common, name):
             raise RuntimeError(f"eagle_worker_common lacks {name}: the subclass needs updating")
+    worker = getattr(importlib.import_module(TARGET), WORKER_CLASS, None)
+    adaptive = ("build_adaptive_runtime_state", "apply_runtime_state", "activate_step_by_batch",
+                "on_verify_complete_cpu", "_build_trivial_verify_input")  # fmt: skip
+    missing = [name for name in adaptive if not hasattr(worker, name)]
+    if missing:  # --standalone-steps drives SGLang's adaptive step switching (control.py)
+        raise RuntimeError(f"{TARGET}.{WORKER_CLASS} lacks {', '.join(missing)}")
 
 
 def apply() -> bool:
@@ -55,4 +63,14 @@ def apply() -> bool:
         HookRegistry.apply_hooks()
     if getattr(module, CLASS) is not FullContextDraftWorker:
         raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{CLASS}")
+    if process_config().standalone_steps != "fixed":
+        from sgl_spec.standalone.control import ControlledStandaloneWorker
+
+        if getattr(module, WORKER_CLASS) is not ControlledStandaloneWorker:
+            HookRegistry.register(
+                f"{TARGET}.{WORKER_CLASS}", ControlledStandaloneWorker, HookType.REPLACE
+            )
+            HookRegistry.apply_hooks()
+        if getattr(module, WORKER_CLASS) is not ControlledStandaloneWorker:
+            raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{WORKER_CLASS}")
     return True

@@ -21,9 +21,10 @@ from tests.helpers.lossless import (
     joint_two_token_law,
     sample_pairs_from_law,
 )
-from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes
+from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, scrape, total
 from tests.helpers.server_utils import Server, ServerPool
 
+ALGO = "STANDALONE_FULL"
 ALPHA = 1e-4
 NUM_SAMPLES = 6000
 TEMPERATURE = 1.0
@@ -65,6 +66,7 @@ ONE_STEP = [
     "--speculative-num-draft-tokens",
     "2",
 ]
+METRICS = ["--enable-metrics", "--log-level", "info", "--decode-log-interval", "5"]
 # An identical draft must agree with the target on every token; 5% slack covers argmax ties
 # broken differently by a 1-token draft forward and a multi-token verify forward.
 IDENTITY_MIN_SHARE = 0.95
@@ -89,11 +91,7 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
     return {
         "chain": [
             *_spec_args(t, d, CHAIN),
-            "--enable-metrics",
-            "--log-level",
-            "info",
-            "--decode-log-interval",
-            "5",
+            *METRICS,
         ],
         "tree": _spec_args(t, d, TREE),
         "chain_identity": _spec_args(t, t, CHAIN),
@@ -101,6 +99,10 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
         "one_step_identity": _spec_args(t, t, ONE_STEP),
         "chain_identity_shifted": _spec_args(t, t, CHAIN, "STANDALONE"),
         "chain_unpatched": [*_spec_args(t, d, CHAIN), "--sgl-spec-no-cpu-lossless-sampling"],
+        # chain lengths 0, 1, 2, 3 in turn, one step each: every switch, and the draft's
+        # catch-up after each step without drafts
+        "chain_cycle": [*_spec_args(t, d, CHAIN), "--standalone-steps", "cycle", *METRICS],
+        "chain_identity_cycle": [*_spec_args(t, t, CHAIN), "--standalone-steps", "cycle"],
     }
 
 
@@ -232,6 +234,39 @@ def test_tree_identical_draft_accepts_almost_everything(servers, baseline_greedy
 
 def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_greedy) -> None:
     _check_identity(servers, baseline_greedy, "one_step_identity", max_accept=2)
+
+
+def test_cycled_chain_lengths_greedy_equals_baseline(servers, baseline_greedy) -> None:
+    """--standalone-steps cycle: outputs unchanged while the chain length changes every step."""
+    _check_greedy(servers, baseline_greedy, "chain_cycle")
+
+
+def test_cycled_chain_lengths_sampling_matches_target(servers, law) -> None:
+    _check_sampling(servers, law, "chain_cycle")
+
+
+def test_cycled_chain_lengths_report_each_step(servers) -> None:
+    """Each step's chain length is on /metrics (``sglang:spec_chosen_k``: every length of the
+    cycle ran) and the steps at 0 count as plain steps (a quarter of them)."""
+    server = servers("chain_cycle")
+    _greedy(server, PROMPTS[:2])
+    samples = scrape(server)
+    name = "sglang:spec_chosen_k_bucket"
+    below = [total(samples, name, algorithm=ALGO, le=f"{k}.0") for k in range(4)]
+    # cumulative buckets: each length's steps raise the count from the one below
+    assert all(b > a for a, b in zip([0.0, *below], below, strict=False)), below
+    count = total(samples, "sglang:spec_chosen_k_count", algorithm=ALGO)
+    plain = total(samples, "sglang:spec_plain_steps_total", algorithm=ALGO)
+    assert count >= 8 and 0.15 * count <= plain <= 0.35 * count, (count, plain)
+
+
+def test_cycled_identical_draft_catches_up(servers, baseline_greedy) -> None:
+    """After each step without drafts the draft model reads the tokens it skipped before it
+    drafts again: an identical draft still accepts every draft, so the mean accept length is
+    that of the cycle's lengths (1 + 2 + 3 + 4) / 4 = 2.5 (a stale draft KV would fall far
+    short)."""
+    accept = _identity_accept(servers, baseline_greedy, "chain_identity_cycle")
+    assert accept >= IDENTITY_MIN_SHARE * 2.5, accept
 
 
 def test_upstream_shifted_draft_loses_the_first_token(servers, baseline_greedy) -> None:

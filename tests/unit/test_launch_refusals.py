@@ -161,6 +161,34 @@ SHAPES = {
         STEPS,
     ),
     "STANDALONE-no-draft": (["--model-path", "{target}", ALG, "STANDALONE", *CHAIN], DRAFT),
+    # --standalone-steps: STANDALONE_FULL's, a chain's length only, one of its modes
+    "STANDALONE-standalone-steps": (
+        standalone("draft", "--standalone-steps", "auto"),
+        "--standalone-steps",
+    ),
+    "STANDALONE_FULL-standalone-steps-tree": (
+        [
+            "--model-path",
+            "{target}",
+            ALG,
+            "STANDALONE_FULL",
+            DRAFT,
+            "{draft}",
+            STEPS,
+            "2",
+            TOPK,
+            "2",
+            TOKENS,
+            "5",
+            "--standalone-steps",
+            "auto",
+        ],
+        "--standalone-steps",
+    ),  # fmt: skip
+    "STANDALONE_FULL-standalone-steps-value": (
+        standalone_full("draft", "--standalone-steps", "sometimes"),
+        "--standalone-steps",
+    ),
     # MTP_LORA and SPECBLOCK size drafts with their own flags; SGLang's would be overwritten
     "MTP_LORA-steps": (mtp("mtp", STEPS, "3"), STEPS),
     "MTP_LORA-tokens": (mtp("mtp", TOKENS, "4"), TOKENS),

@@ -1,0 +1,182 @@
+"""``--standalone-steps auto|cycle|off``: STANDALONE_FULL's chain length chosen per step.
+
+SGLang's EAGLE worker (v2) switches its number of draft steps at run time through
+``AdaptiveController`` (``speculative/adaptive_runtime_state.py``): one runtime state per
+candidate step count (attention backends and graphs sized for it), a policy that names the
+step count of each decode batch, and a verify result fed back after each step; at 0 steps it
+verifies the root alone (``_build_trivial_verify_input``). SGLang builds that controller only
+for EAGLE/EAGLE3 with ``--speculative-adaptive`` (its own acceptance-only policy); its
+STANDALONE worker leaves it unset. ``ControlledStandaloneWorker`` is SGLang's
+``StandaloneWorkerV2`` with that controller built around ``StepsPolicy``, whose choice comes
+from our speculation controller (``sgl_spec.control``: measured step times per batch size and
+setting, running acceptance per position) -- or, for tests and measurement, a fixed cycle or
+0. Our draft worker (``draft.py``) defers its forwards while at 0 steps (``catch_up.py``), so a
+step without drafts costs the target's forward and SGLang's verify bookkeeping only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sglang.srt.speculative import standalone_worker_v2
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
+
+from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
+from sgl_spec.control.cost_model import DrafterCost
+from sgl_spec.control.step_times import StepClock
+
+# The controller's tuning on top of the served one (``SERVED_TUNING``): the first step after
+# 0 steps pays the draft's catch-up before it drafts, hence the margin to switch on; acceptance
+# is a property of the requests, so a batch that turned over is probed again.
+STANDALONE_TUNING = {**SERVED_TUNING, "explore_every": 64, "probe_on_turnover": True}
+
+
+def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:
+    """Chain lengths 0..``max_steps`` priced by served step times (no γ table, δ folded into
+    the measured times)."""
+    config = ControllerConfig(k_max=max_steps, alpha_prior=alpha, **STANDALONE_TUNING)
+    return SpeculationController(None, DrafterCost(0.0), config)
+
+
+class StepsPolicy:
+    """SGLang's ``AdaptiveSpecPolicy`` for one STANDALONE_FULL worker: the step count of each
+    decode batch, chosen before the step by ``choose`` (``ControlledStandaloneWorker``)."""
+
+    def __init__(self, mode: str, max_steps: int) -> None:
+        if mode not in ("auto", "cycle", "off"):
+            raise ValueError(f"--standalone-steps {mode!r} has no policy")
+        if max_steps < 1:
+            raise ValueError(f"--standalone-steps {mode} needs --speculative-num-steps >= 1")
+        self.mode = mode
+        self.max_steps = max_steps
+        self.controller = steps_controller(max_steps) if mode == "auto" else None
+        self.steps = 0 if mode == "off" else max_steps  # the step count chosen last
+        self.lam = 1.0  # the controller's predicted tokens per request for it
+        self._cycle = 0
+        self._cuda_graph_bs: list[int] | None = None
+
+    # -- SGLang's AdaptiveSpecPolicy --
+    @property
+    def candidate_steps(self) -> list[int]:
+        return [0, self.max_steps] if self.mode == "off" else list(range(self.max_steps + 1))
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._cuda_graph_bs = cuda_graph_bs
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        del step
+        return self._cuda_graph_bs
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        del batch_size
+        return self.steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
+        """Acceptance of the step that ran at ``self.steps``; the switch happens before the
+        next step (``choose``), never here."""
+        del batch_size
+        if self.controller is not None and num_correct_drafts_per_req:
+            self.controller.observe(self.steps, num_correct_drafts_per_req)
+
+    # -- ours --
+    def choose(self, batch_size: int, ctx_len: int) -> int:
+        """The step count of the next decode step."""
+        if self.mode == "cycle":
+            self.steps = self._cycle % (self.max_steps + 1)
+            self._cycle += 1
+        elif self.controller is not None:
+            decision = self.controller.decide(batch_size, ctx_len)
+            self.steps, self.lam = decision.k, decision.lam
+        return self.steps
+
+
+class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
+    """SGLang's STANDALONE worker with an ``AdaptiveController`` over ``StepsPolicy`` (module
+    docstring); everything else is SGLang's, the draft worker ours (``draft.py``)."""
+
+    def __init__(self, server_args: Any, gpu_id: int, nccl_port: int, target_worker: Any) -> None:
+        from sgl_spec.config import process_config
+
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if self.topk != 1:
+            raise ValueError(
+                "--standalone-steps other than fixed needs a chain: --speculative-eagle-topk 1"
+            )
+        self.policy = StepsPolicy(process_config().standalone_steps, self.speculative_num_steps)
+        self.adaptive_controller = AdaptiveController(self, self.policy)
+        self._clock = StepClock()
+
+    def build_adaptive_runtime_state(
+        self,
+        speculative_num_steps: int,
+        speculative_num_draft_tokens: int,
+        cuda_graph_bs: list[int] | None = None,
+    ) -> SpecRuntimeState:
+        """SGLang's, except where the target replays no decode graphs (the CPU engine): SGLang
+        reads its graph config there, which still names a decode graph backend, and would
+        capture verify graphs the CPU attention backend cannot; here each state gets its own
+        attention backends (sized for its verify width) and no graphs."""
+        target_runner = self._target_worker.model_runner
+        if target_runner.decode_cuda_graph_runner is not None:
+            return super().build_adaptive_runtime_state(
+                speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs
+            )
+        draft = self._draft_worker
+        with self._override_worker_state(speculative_num_steps, speculative_num_draft_tokens):
+            draft.init_attention_backend()
+            backup = target_runner.init_new_workspace
+            try:
+                target_attn_backend = target_runner._get_attention_backend(init_new_workspace=True)
+            finally:
+                target_runner.init_new_workspace = backup
+            return SpecRuntimeState(
+                speculative_num_steps=speculative_num_steps,
+                speculative_num_draft_tokens=speculative_num_draft_tokens,
+                draft_attn_backend=draft.draft_attn_backend,
+                cuda_graph_runner=None,
+                target_attn_backend=target_attn_backend,
+                target_graph_runner=None,
+                draft_extend_attn_backend=draft.draft_extend_attn_backend,
+                cuda_graph_runner_for_draft_extend=None,
+            )
+
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
+            if not batch.forward_mode.is_idle() and batch.reqs:
+                self._choose(batch)
+        return super().forward_batch_generation(batch, *args, **kwargs)
+
+    def _choose(self, batch: Any) -> None:
+        """Before a decode step: the controller learns what the previous one cost (the
+        scheduler's work on its output included) and picks this one's step count, which
+        SGLang's ``activate_step_by_batch`` applies."""
+        now = time.perf_counter()
+        rids = tuple(req.rid for req in batch.reqs)
+        previous = self._clock.last_key
+        measured = self._clock.tick(rids, now)
+        controller = self.policy.controller
+        if controller is not None:
+            if measured is not None:
+                controller.observe_step(*measured)
+            elif previous is not None and rids != previous:
+                controller.batch_changed(len(set(rids).difference(previous)), len(rids))
+        seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+        ctx = int(seq_lens.max()) if len(rids) else 0
+        steps = self.policy.choose(len(rids), ctx)
+        self._clock.chosen(steps, len(rids))
+        if steps == 0:  # no draft(): the step's verify starts now (draft.py's metrics)
+            self._draft_worker._draft_span = (now, now)
+
+    def on_verify_complete_cpu(
+        self, num_correct_drafts_per_req: list[int], batch_size: int = 0
+    ) -> None:
+        steps = self.speculative_num_steps
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
+        metrics = self._draft_worker.spec_metrics
+        if metrics is None or not num_correct_drafts_per_req:
+            return
+        metrics.observe_k(steps)
+        if self.policy.controller is not None:
+            realised = 1 + sum(num_correct_drafts_per_req) / len(num_correct_drafts_per_req)
+            metrics.observe_prediction(self.policy.lam, realised)

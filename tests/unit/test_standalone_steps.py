@@ -1,0 +1,135 @@
+"""STANDALONE_FULL's ``--standalone-steps``: the policy SGLang's adaptive controller asks for
+each step's chain length (``standalone/control.py``) and the draft's deferred tokens read back
+in one forward (``standalone/catch_up.py``). No server: the e2e side is
+``tests/e2e/test_lossless_standalone.py`` (``chain_cycle`` and ``chain_identity_cycle``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sgl_spec.standalone import catch_up
+from sgl_spec.standalone.control import StepsPolicy
+
+
+def test_cycle_takes_every_length_in_turn() -> None:
+    policy = StepsPolicy("cycle", 3)
+    assert policy.candidate_steps == [0, 1, 2, 3]
+    chosen = []
+    for _ in range(9):
+        policy.choose(batch_size=4, ctx_len=100)
+        chosen.append(policy.get_steps_for_batch(4))
+    assert chosen == [0, 1, 2, 3, 0, 1, 2, 3, 0]
+
+
+def test_off_never_drafts_and_needs_only_two_states() -> None:
+    policy = StepsPolicy("off", 5)
+    assert policy.candidate_steps == [0, 5]  # 5: the launch's state SGLang registers first
+    assert {policy.choose(1, 10) for _ in range(20)} == {0}
+
+
+@pytest.mark.parametrize(("mode", "steps"), [("fixed", 3), ("sometimes", 3), ("auto", 0)])
+def test_bad_policy_settings_are_refused(mode: str, steps: int) -> None:
+    with pytest.raises(ValueError, match="--standalone-steps"):
+        StepsPolicy(mode, steps)
+
+
+def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> None:
+    """The controller warms up and measures T(0) at 0 drafts, then probes the chain lengths
+    and keeps the one whose measured tokens per second is best; acceptance comes from SGLang's
+    per-request verify results."""
+    policy = StepsPolicy("auto", 3)
+    controller = policy.controller
+    assert controller is not None and controller.config.probe_on_turnover
+    # step time: 10 ms plain, +1 ms per draft; every draft accepted
+    seconds = {0: 0.010, 1: 0.011, 2: 0.012, 3: 0.013}
+    history = []
+    for _ in range(200):
+        k = policy.choose(batch_size=2, ctx_len=64)
+        assert policy.get_steps_for_batch(2) == k
+        history.append(k)
+        policy.on_verify_complete([k, k], batch_size=2)
+        controller.observe_step(k, 2, seconds[k])
+    assert set(history[: controller.config.warmup_steps]) == {0}
+    assert history[-20:].count(3) >= 15, history[-20:]
+    assert policy.lam > 3.0
+
+
+def test_auto_stays_off_when_drafts_are_rejected() -> None:
+    policy = StepsPolicy("auto", 3)
+    controller = policy.controller
+    history = []
+    for _ in range(300):
+        k = policy.choose(batch_size=8, ctx_len=64)
+        history.append(k)
+        policy.on_verify_complete([0] * 8, batch_size=8)
+        controller.observe_step(k, 8, 0.010 * (1 + 0.3 * k))
+    assert history[-100:].count(0) >= 90, history[-100:]
+
+
+def _reqs(n: int) -> list[SimpleNamespace]:
+    return [SimpleNamespace(rid=str(i)) for i in range(n)]
+
+
+def test_deferred_tokens_accumulate_per_request() -> None:
+    reqs = _reqs(2)
+    assert not catch_up.any_pending(reqs)
+    catch_up.mark_fresh(reqs[0])  # out of prefill: its bonus token only
+    assert catch_up.any_pending(reqs) and not catch_up.any_behind(reqs)
+    catch_up.defer(reqs, torch.tensor([10, 20]))  # a step without drafts
+    # request 0 committed its old bonus (10) unread; request 1 lacks only its new bonus
+    assert [int(t) for t in catch_up.pending(reqs[0])] == [10]
+    assert catch_up.pending(reqs[1]) == []
+    catch_up.defer(reqs, torch.tensor([11, 21]))
+    assert [int(t) for t in catch_up.pending(reqs[0])] == [10, 11]
+    assert [int(t) for t in catch_up.pending(reqs[1])] == [21]
+    assert catch_up.any_behind(reqs) and not catch_up.over_limit(reqs)
+    for i in range(catch_up.CATCH_UP_LIMIT - 2):
+        catch_up.defer(reqs, torch.tensor([100 + i, 200 + i]))
+    assert catch_up.over_limit(reqs)
+
+
+class _Runner:
+    """What ``catch_up_forward`` uses of the draft's ModelRunner; records the forward."""
+
+    def __init__(self, req_to_token: torch.Tensor, vocab: int) -> None:
+        self.req_to_token_pool = SimpleNamespace(req_to_token=req_to_token)
+        self.kv_index_translator = SimpleNamespace(bind_own_plan=lambda fb: None)
+        self.spec_algorithm = None
+        self.vocab = vocab
+        self.batch = None
+
+    def forward(self, forward_batch):
+        self.batch = forward_batch
+        bs = forward_batch.batch_size
+        logits = torch.arange(bs * self.vocab, dtype=torch.float32).view(bs, self.vocab)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits))
+
+
+def test_catch_up_reads_each_requests_tokens_at_their_positions() -> None:
+    """One EXTEND: request 0 reads its two deferred tokens and its bonus at positions 5-7,
+    request 1 (up to date) its bonus again at 9; KV slots come from req_to_token."""
+    req_to_token = torch.arange(4 * 16, dtype=torch.int32).view(4, 16) + 1000
+    reqs = _reqs(2)
+    catch_up.mark_fresh(reqs[0])
+    catch_up.pending(reqs[0]).extend([torch.tensor(41), torch.tensor(42)])
+    runner = _Runner(req_to_token, vocab=8)
+    pool = torch.tensor([2, 0])
+    logits = catch_up.catch_up_forward(
+        runner, reqs, pool, [7, 9], torch.tensor([43, 90]), sampling_info=None
+    )
+    fb = runner.batch
+    assert fb.forward_mode.is_extend()
+    assert fb.input_ids.tolist() == [41, 42, 43, 90]
+    assert fb.positions.tolist() == [5, 6, 7, 9]
+    assert fb.out_cache_loc.tolist() == [
+        int(req_to_token[2, 5]), int(req_to_token[2, 6]), int(req_to_token[2, 7]),
+        int(req_to_token[0, 9]),
+    ]  # fmt: skip
+    assert fb.extend_seq_lens_cpu == [3, 1] and fb.extend_prefix_lens_cpu == [5, 9]
+    assert fb.extend_start_loc.tolist() == [0, 3]
+    assert fb.seq_lens.tolist() == [8, 10] and fb.seq_lens_sum == 18
+    assert logits.shape == (2, 8)
+    assert not catch_up.any_pending(reqs)  # every request caught up

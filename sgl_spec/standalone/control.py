@@ -3,28 +3,31 @@
 SGLang's EAGLE worker (v2) switches its number of draft steps at run time through
 ``AdaptiveController`` (``speculative/adaptive_runtime_state.py``): one runtime state per
 candidate step count (attention backends and graphs sized for it), a policy that names the
-step count of each decode batch, and a verify result fed back after each step; at 0 steps it
-verifies the root alone (``_build_trivial_verify_input``). SGLang builds that controller only
-for EAGLE/EAGLE3 with ``--speculative-adaptive`` (its own acceptance-only policy); its
-STANDALONE worker leaves it unset. ``ControlledStandaloneWorker`` is SGLang's
+step count of each decode batch, and a verify result fed back after each step. SGLang builds
+that controller only for EAGLE/EAGLE3 with ``--speculative-adaptive`` (its own acceptance-only
+policy); its STANDALONE worker leaves it unset. ``ControlledStandaloneWorker`` is SGLang's
 ``StandaloneWorkerV2`` with that controller built around ``StepsPolicy``, whose choice comes
 from our speculation controller (``sgl_spec.control``: measured step times per batch size and
 setting, running acceptance per position) -- or, for tests and measurement, a fixed cycle or
-0. Our draft worker (``draft.py``) defers its forwards while at 0 steps (``catch_up.py``), so a
-step without drafts costs the target's forward and SGLang's verify bookkeeping only.
+0. A step at 0 drafts is a plain decode step (``common/plain_step.py``, as ``none`` runs it,
+not SGLang's 1-token verify), and the draft model defers its forwards meanwhile
+(``catch_up.py``): such a step costs what ``none``'s step costs.
 """
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from sglang.srt.speculative import standalone_worker_v2
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
+from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
 from sgl_spec.control.step_times import StepClock
+from sgl_spec.standalone import catch_up
 
 # The controller's tuning on top of the served one (``SERVED_TUNING``): the first step after
 # 0 steps pays the draft's catch-up before it drafts, hence the margin to switch on; acceptance
@@ -59,7 +62,9 @@ class StepsPolicy:
     # -- SGLang's AdaptiveSpecPolicy --
     @property
     def candidate_steps(self) -> list[int]:
-        return [0, self.max_steps] if self.mode == "off" else list(range(self.max_steps + 1))
+        """SGLang's runtime states: 0 drafts needs none (``ControlledStandaloneWorker`` runs
+        a plain step instead of SGLang's 1-token verify); the launch's length is built first."""
+        return [self.max_steps] if self.mode == "off" else list(range(1, self.max_steps + 1))
 
     def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
         self._cuda_graph_bs = cuda_graph_bs
@@ -144,10 +149,33 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         if not (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
             if not batch.forward_mode.is_idle() and batch.reqs:
-                self._choose(batch)
+                if self._choose(batch) == 0:
+                    return self._plain_step(batch)
         return super().forward_batch_generation(batch, *args, **kwargs)
 
-    def _choose(self, batch: Any) -> None:
+    def _plain_step(self, batch: Any) -> Any:
+        """A step without drafts, as a non-speculative server runs it (``common/plain_step``:
+        SGLang's DECODE forward of each bonus token, the next token sampled as plain decoding
+        samples it), in place of SGLang's 1-token verify; the draft defers its forwards."""
+        tic = time.perf_counter()
+        draft = self._draft_worker
+        bonus = batch.spec_info.bonus_tokens
+        worker = SimpleNamespace(
+            model_runner=self._target_worker.model_runner, _target_worker=self._target_worker
+        )
+        step = plain_step(worker, batch, bonus)
+        verify_s = time.perf_counter() - tic
+        catch_up.defer(batch.reqs, bonus)
+        next_draft_input = draft.placeholder_input(step.tokens)
+        if catch_up.over_limit(batch.reqs):
+            draft._catch_up(batch, batch.seq_lens + 1, step.tokens, next_draft_input)
+        metrics = draft.spec_metrics
+        if metrics is not None:
+            bs = len(batch.reqs)
+            metrics.observe_step([0] * bs, [0] * bs, time.perf_counter() - tic - verify_s, verify_s)
+        return plain_result(batch, step, next_draft_input)
+
+    def _choose(self, batch: Any) -> int:
         """Before a decode step: the controller learns what the previous one cost (the
         scheduler's work on its output included) and picks this one's step count, which
         SGLang's ``activate_step_by_batch`` applies."""
@@ -165,13 +193,12 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         ctx = int(seq_lens.max()) if len(rids) else 0
         steps = self.policy.choose(len(rids), ctx)
         self._clock.chosen(steps, len(rids))
-        if steps == 0:  # no draft(): the step's verify starts now (draft.py's metrics)
-            self._draft_worker._draft_span = (now, now)
+        return steps
 
     def on_verify_complete_cpu(
         self, num_correct_drafts_per_req: list[int], batch_size: int = 0
     ) -> None:
-        steps = self.speculative_num_steps
+        steps = self.policy.steps  # a plain step leaves SGLang's runtime state as it was
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size)
         metrics = self._draft_worker.spec_metrics
         if metrics is None or not num_correct_drafts_per_req:

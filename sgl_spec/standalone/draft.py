@@ -217,35 +217,35 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         if probs is not None:
             draft_input.draft_probs = probs
 
-    def _defer_extend(self, batch, batch_result) -> None:
-        """After a step without drafts: the draft extend waits (``catch_up.py``) unless a
-        request has deferred ``CATCH_UP_LIMIT`` tokens; the carried proposals are placeholders
-        the next drafting step's catch-up replaces."""
-        bs = len(batch.seq_lens)
-        catch_up.defer(batch.reqs, batch.spec_info.draft_token.view(bs))
-        next_draft_input = batch_result.next_draft_input
-        device = batch.seq_lens.device
-        next_draft_input.topk_p = torch.ones((bs, self.topk), dtype=torch.float32, device=device)
-        next_draft_input.topk_index = torch.zeros((bs, self.topk), dtype=torch.int64, device=device)
-        next_draft_input.hidden_states = None
-        if get_spec().speculative_use_rejection_sampling:
-            vocab = self.draft_runner.model_config.vocab_size
-            next_draft_input.draft_probs = torch.zeros(
-                (bs, vocab), dtype=torch.float32, device=device
-            )
-        if catch_up.over_limit(batch.reqs):
-            bonus = batch_result.next_token_ids.view(bs)
-            self._catch_up(batch, batch_result.new_seq_lens, bonus, next_draft_input)
-        next_draft_input.cuda_graph_compatible = True
+    def placeholder_input(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
+        """The state carried out of a step without drafts (``control.py``): the bonus tokens,
+        and proposals the next drafting step's catch-up replaces (``catch_up.py``)."""
+        bs, device = len(bonus_tokens), bonus_tokens.device
+        vocab = self.draft_runner.model_config.vocab_size
+        draft_input = EagleDraftInput(
+            topk_p=torch.ones((bs, self.topk), dtype=torch.float32, device=device),
+            topk_index=torch.zeros((bs, self.topk), dtype=torch.int64, device=device),
+            draft_probs=(
+                torch.zeros((bs, vocab), dtype=torch.float32, device=device)
+                if get_spec().speculative_use_rejection_sampling
+                else None
+            ),
+            hidden_states=None,
+            bonus_tokens=bonus_tokens,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_tokens_per_req=1,
+            num_tokens_for_logprob_per_req=1,
+        )
+        draft_input.cuda_graph_compatible = True
+        return draft_input
 
     def _observe_step(self, accept_lens: torch.Tensor, extend_tic: float) -> None:
         """One step for the metrics: ``draft`` ran, then verify, then the draft extend (from
         ``extend_tic`` until now)."""
         span, metrics = self._draft_span, self.spec_metrics
         self._draft_span = None
-        if metrics is None:
+        if span is None or metrics is None:
             return
-        span = span or (extend_tic, extend_tic)  # a step without drafts
         accepted = (accept_lens - 1).tolist()
         draft_s = span[1] - span[0] + time.perf_counter() - extend_tic
         offered = [self.speculative_num_steps] * len(accepted)  # draft depth per request
@@ -309,10 +309,6 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         if batch.forward_mode.is_idle():
             return super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
         tic = time.perf_counter()
-        if self.speculative_num_steps == 0:  # the root alone was verified
-            self._defer_extend(batch, batch_result)
-            self._observe_step(batch_result.accept_lens, tic)
-            return
         num_draft_tokens = self.speculative_num_draft_tokens
         width = num_draft_tokens + 1
         bs = len(batch.seq_lens)

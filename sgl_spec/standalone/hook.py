@@ -44,7 +44,7 @@ def check() -> None:
             raise RuntimeError(f"eagle_worker_common lacks {name}: the subclass needs updating")
     worker = getattr(importlib.import_module(TARGET), WORKER_CLASS, None)
     adaptive = ("build_adaptive_runtime_state", "apply_runtime_state", "activate_step_by_batch",
-                "on_verify_complete_cpu", "_build_trivial_verify_input")  # fmt: skip
+                "on_verify_complete_cpu", "_override_worker_state")  # fmt: skip
     missing = [name for name in adaptive if not hasattr(worker, name)]
     if missing:  # --standalone-steps drives SGLang's adaptive step switching (control.py)
         raise RuntimeError(f"{TARGET}.{WORKER_CLASS} lacks {', '.join(missing)}")

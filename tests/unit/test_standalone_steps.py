@@ -16,7 +16,7 @@ from sgl_spec.standalone.control import StepsPolicy
 
 def test_cycle_takes_every_length_in_turn() -> None:
     policy = StepsPolicy("cycle", 3)
-    assert policy.candidate_steps == [0, 1, 2, 3]
+    assert policy.candidate_steps == [1, 2, 3]  # 0: a plain step, no SGLang state
     chosen = []
     for _ in range(9):
         policy.choose(batch_size=4, ctx_len=100)
@@ -26,7 +26,7 @@ def test_cycle_takes_every_length_in_turn() -> None:
 
 def test_off_never_drafts_and_needs_only_two_states() -> None:
     policy = StepsPolicy("off", 5)
-    assert policy.candidate_steps == [0, 5]  # 5: the launch's state SGLang registers first
+    assert policy.candidate_steps == [5]  # the launch's state, which SGLang registers first
     assert {policy.choose(1, 10) for _ in range(20)} == {0}
 
 

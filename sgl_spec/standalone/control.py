@@ -167,6 +167,7 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         verify_s = time.perf_counter() - tic
         catch_up.defer(batch.reqs, bonus)
         next_draft_input = draft.placeholder_input(step.tokens)
+        next_draft_input.cuda_graph_compatible = True  # as after SGLang's draft extend
         if catch_up.over_limit(batch.reqs):
             draft._catch_up(batch, batch.seq_lens + 1, step.tokens, next_draft_input)
         metrics = draft.spec_metrics

@@ -132,7 +132,6 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
                 "STANDALONE_FULL: multimodal inputs are not supported;"
                 " launch with --speculative-algorithm STANDALONE (SGLang's layout)"
             )
-        bs = len(batch.seq_lens)
         if not batch.forward_mode.is_idle():
             batch.spec_info = EagleDraftExtendInput(
                 hidden_states=target_hidden_states,
@@ -151,22 +150,7 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             for req in batch.reqs:
                 catch_up.mark_fresh(req)
         # Placeholder proposals: the first draft() recomputes them from the bonus token.
-        device = next_token_ids.device
-        vocab = self.draft_runner.model_config.vocab_size
-        return EagleDraftInput(
-            topk_p=torch.ones((bs, self.topk), dtype=torch.float32, device=device),
-            topk_index=torch.zeros((bs, self.topk), dtype=torch.int64, device=device),
-            draft_probs=(
-                torch.zeros((bs, vocab), dtype=torch.float32, device=device)
-                if get_spec().speculative_use_rejection_sampling
-                else None
-            ),
-            hidden_states=None,
-            bonus_tokens=next_token_ids,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-            num_tokens_per_req=1,
-            num_tokens_for_logprob_per_req=1,
-        )
+        return self.placeholder_input(next_token_ids)
 
     def _draft_bonus(self, batch, draft_input: EagleDraftInput) -> None:
         """One draft decode of every request's bonus token at position ``seq_len``: writes its
@@ -218,11 +202,12 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             draft_input.draft_probs = probs
 
     def placeholder_input(self, bonus_tokens: torch.Tensor) -> EagleDraftInput:
-        """The state carried out of a step without drafts (``control.py``): the bonus tokens,
-        and proposals the next drafting step's catch-up replaces (``catch_up.py``)."""
+        """The state carried out of a prefill or a step without drafts (``control.py``): the
+        bonus tokens, and proposals the next drafting step replaces from the bonus token's
+        draft logits (``_draft_bonus``, ``_catch_up``)."""
         bs, device = len(bonus_tokens), bonus_tokens.device
         vocab = self.draft_runner.model_config.vocab_size
-        draft_input = EagleDraftInput(
+        return EagleDraftInput(
             topk_p=torch.ones((bs, self.topk), dtype=torch.float32, device=device),
             topk_index=torch.zeros((bs, self.topk), dtype=torch.int64, device=device),
             draft_probs=(
@@ -236,8 +221,6 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             num_tokens_per_req=1,
             num_tokens_for_logprob_per_req=1,
         )
-        draft_input.cuda_graph_compatible = True
-        return draft_input
 
     def _observe_step(self, accept_lens: torch.Tensor, extend_tic: float) -> None:
         """One step for the metrics: ``draft`` ran, then verify, then the draft extend (from

@@ -31,8 +31,11 @@ from sgl_spec.standalone import catch_up
 
 # The controller's tuning on top of the served one (``SERVED_TUNING``): the first step after
 # 0 steps pays the draft's catch-up before it drafts, hence the margin to switch on; acceptance
-# is a property of the requests, so a batch that turned over is probed again.
-STANDALONE_TUNING = {**SERVED_TUNING, "explore_every": 64, "probe_on_turnover": True}
+# is a property of the requests, so a batch that turned over is probed again; and positions
+# past the length in use are never verified, so while speculating the other lengths are probed
+# every 32 steps (else one request of poor deep acceptance pins a short chain for good).
+STANDALONE_TUNING = {**SERVED_TUNING, "explore_every": 64, "probe_on_turnover": True,
+                     "probe_others_every": 32}  # fmt: skip
 
 
 def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:

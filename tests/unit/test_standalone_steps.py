@@ -133,3 +133,21 @@ def test_catch_up_reads_each_requests_tokens_at_their_positions() -> None:
     assert fb.seq_lens.tolist() == [8, 10] and fb.seq_lens_sum == 18
     assert logits.shape == (2, 8)
     assert not catch_up.any_pending(reqs)  # every request caught up
+
+
+def test_auto_relearns_deep_positions_after_a_poor_request() -> None:
+    """A request whose drafts fail from position 2 on drags α_2, α_3 down and the controller
+    settles at 1 draft, where positions 2-3 are never verified; probing the other lengths now
+    and then while speculating lets a later request of full acceptance bring back 3."""
+    policy = StepsPolicy("auto", 3)
+    controller = policy.controller
+    seconds = {0: 0.010, 1: 0.0115, 2: 0.013, 3: 0.0145}
+    history = []
+    for step in range(1200):
+        k = policy.choose(batch_size=1, ctx_len=64)
+        history.append(k)
+        poor = 100 <= step < 300
+        policy.on_verify_complete([min(k, 1) if poor else k], batch_size=1)
+        controller.observe_step(k, 1, seconds[k])
+    assert history[280:300].count(1) >= 15, history[280:300]  # settled at 1 on the poor one
+    assert history[-50:].count(3) >= 40, history[-50:]

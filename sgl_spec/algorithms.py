@@ -85,6 +85,10 @@ def prepare_launch(argv: list[str]) -> tuple[SpecConfig, list[str]]:
     if algorithm is not None and algorithm.runs_as is not None:
         sglang_argv = set_flag_value(sglang_argv, "--speculative-algorithm", algorithm.runs_as)
         config = algorithm.mark(config)
+        try:
+            sglang_argv = algorithm.sglang_argv(config, sglang_argv)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     return config, sglang_argv
 
 

@@ -92,6 +92,12 @@ class Algorithm(ABC):
         """With ``runs_as``: ``config`` recording that the launch asked for this algorithm."""
         return config
 
+    def sglang_argv(self, config: SpecConfig, argv: list[str]) -> list[str]:
+        """With ``runs_as``: the SGLang argv the launch passes on, with the SGLang settings this
+        algorithm's own choices need (``ValueError`` naming a flag that contradicts them)."""
+        del config
+        return argv
+
     def register(self, config: SpecConfig) -> None:
         """Register with SGLang, bound to this process's ``config`` (called once in every
         process by the plugin entry point). One that ``runs_as`` SGLang's own algorithm has

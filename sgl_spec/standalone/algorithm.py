@@ -57,6 +57,20 @@ class StandaloneFull(Algorithm):
                 )
         return launch.num_steps, launch.num_draft_tokens
 
+    def sglang_argv(self, config: SpecConfig, argv: list[str]) -> list[str]:
+        """``--standalone-steps`` other than fixed runs steps in order: the chosen length of a
+        step and its verify result must meet (the CPU launcher turns overlap off anyway)."""
+        from sgl_spec.argv import has_flag
+
+        mode = config.standalone_steps
+        if mode == "fixed" or has_flag(argv, "--disable-overlap-schedule"):
+            return argv
+        if has_flag(argv, "--enable-overlap-schedule"):
+            raise ValueError(
+                f"--standalone-steps {mode} runs steps in order: drop --enable-overlap-schedule"
+            )
+        return [*argv, "--disable-overlap-schedule"]
+
     def verify_shape(self, settings: tuple[int | None, int | None]) -> tuple[int, int]:
         """SGLang sizes STANDALONE's shape itself; this is the shape the launch gave."""
         steps, tokens = settings

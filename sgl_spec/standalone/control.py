@@ -60,6 +60,7 @@ class StepsPolicy:
         self.steps = 0 if mode == "off" else max_steps  # the step count chosen last
         self.lam = 1.0  # the controller's predicted tokens per request for it
         self._cycle = 0
+        self._active = max_steps  # SGLang's active runtime state (the launch's at first)
         self._cuda_graph_bs: list[int] | None = None
 
     # -- SGLang's AdaptiveSpecPolicy --
@@ -77,8 +78,11 @@ class StepsPolicy:
         return self._cuda_graph_bs
 
     def get_steps_for_batch(self, batch_size: int) -> int:
+        """The chosen length; after a plain step (0, no SGLang state) the one active before."""
         del batch_size
-        return self.steps
+        if self.steps:
+            self._active = self.steps
+        return self._active
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
         """Acceptance of the step that ran at ``self.steps``; the switch happens before the
@@ -107,6 +111,8 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         from sgl_spec.config import process_config
 
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if not server_args.disable_overlap_schedule:  # the launcher turns it off
+            raise ValueError("--standalone-steps other than fixed needs --disable-overlap-schedule")
         if self.topk != 1:
             raise ValueError(
                 "--standalone-steps other than fixed needs a chain: --speculative-eagle-topk 1"
@@ -166,7 +172,14 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         worker = SimpleNamespace(
             model_runner=self._target_worker.model_runner, _target_worker=self._target_worker
         )
-        step = plain_step(worker, batch, bonus)
+        # eager: the target's decode graphs, where captured, are the active state's verify
+        # graphs (steps + 1 tokens per request), not graphs of a one-token decode
+        graphs = self._target_worker.model_runner.decode_cuda_graph_runner
+        self._target_worker.model_runner.decode_cuda_graph_runner = None
+        try:
+            step = plain_step(worker, batch, bonus)
+        finally:
+            self._target_worker.model_runner.decode_cuda_graph_runner = graphs
         verify_s = time.perf_counter() - tic
         catch_up.defer(batch.reqs, bonus)
         next_draft_input = draft.placeholder_input(step.tokens)

@@ -185,6 +185,10 @@ SHAPES = {
         ],
         "--standalone-steps",
     ),  # fmt: skip
+    "STANDALONE_FULL-standalone-steps-overlap": (
+        standalone_full("draft", "--standalone-steps", "auto", "--enable-overlap-schedule"),
+        "--enable-overlap-schedule",
+    ),
     "STANDALONE_FULL-standalone-steps-value": (
         standalone_full("draft", "--standalone-steps", "sometimes"),
         "--standalone-steps",
@@ -344,3 +348,12 @@ def test_the_launcher_process_exits_naming_the_flag(models) -> None:
     assert proc.returncode != 0
     assert "--speculative-draft-model-path" in proc.stderr and "truncated" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_standalone_steps_run_steps_in_order(models) -> None:
+    """A chain length chosen per step must meet its verify result: the launch turns SGLang's
+    overlap scheduler off (its CUDA default) unless told so already."""
+    _, argv = prepare_launch(fill([*GOOD["STANDALONE_FULL"], "--standalone-steps", "auto"], models))
+    assert "--disable-overlap-schedule" in argv
+    _, argv = prepare_launch(fill(GOOD["STANDALONE_FULL"], models))
+    assert "--disable-overlap-schedule" not in argv  # fixed: SGLang's own choice stands

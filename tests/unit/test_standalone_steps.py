@@ -17,14 +17,24 @@ from sgl_spec.standalone.control import StepsPolicy
 def test_cycle_takes_every_length_in_turn() -> None:
     policy = StepsPolicy("cycle", 3)
     assert policy.candidate_steps == [1, 2, 3]  # 0: a plain step, no SGLang state
-    chosen = []
-    for _ in range(9):
-        policy.choose(batch_size=4, ctx_len=100)
-        chosen.append(policy.get_steps_for_batch(4))
+    chosen = [policy.choose(batch_size=4, ctx_len=100) for _ in range(9)]
     assert chosen == [0, 1, 2, 3, 0, 1, 2, 3, 0]
 
 
-def test_off_never_drafts_and_needs_only_two_states() -> None:
+def test_a_plain_step_leaves_sglangs_state_as_it_was() -> None:
+    """SGLang asks for the length of each step it runs (1 or more); a step at 0 drafts runs
+    without it, and should SGLang ask then (an idle batch), it gets the state active before,
+    never 0 (no state for it)."""
+    policy = StepsPolicy("cycle", 3)
+    assert policy.get_steps_for_batch(1) == 3  # the launch's state
+    for expected_active in (3, 1, 2, 3, 3, 1):
+        k = policy.choose(1, 10)
+        if k:  # SGLang's forward runs and activates k
+            assert policy.get_steps_for_batch(1) == k
+        assert policy.get_steps_for_batch(1) == expected_active
+
+
+def test_off_never_drafts_and_needs_one_state() -> None:
     policy = StepsPolicy("off", 5)
     assert policy.candidate_steps == [5]  # the launch's state, which SGLang registers first
     assert {policy.choose(1, 10) for _ in range(20)} == {0}
@@ -48,7 +58,7 @@ def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> N
     history = []
     for _ in range(200):
         k = policy.choose(batch_size=2, ctx_len=64)
-        assert policy.get_steps_for_batch(2) == k
+        assert policy.steps == k
         history.append(k)
         policy.on_verify_complete([k, k], batch_size=2)
         controller.observe_step(k, 2, seconds[k])

@@ -88,14 +88,7 @@ class TargetWrappingWorker(BaseSpecWorker):
         the server, up to now (``StepClock``: the scheduler's work on its output included)."""
         if self.controller is None:
             return
-        rids = tuple(req.rid for req in batch.reqs)
-        previous = self._clock.last_key
-        measured = self._clock.tick(rids, now)
-        if measured is not None:
-            self.controller.observe_step(*measured)
-        elif previous is not None and rids != previous:  # who joined, who left
-            joined = len(set(rids).difference(previous))
-            self.controller.batch_changed(joined, len(rids))
+        self._clock.start(tuple(req.rid for req in batch.reqs), now, self.controller)
 
     def step_chosen(self, k: int, batch_size: int) -> None:
         """The controller's setting ``k`` for the step ``step_started`` began."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -95,6 +96,17 @@ class StepClock:
         if last is None or last[1] != key or last[2] < 0:
             return None
         return last[2], last[3], now - last[0]
+
+    def start(self, key: tuple, now: float, controller: Any) -> None:
+        """A decode step of the requests ``key`` starts at ``now``: ``controller`` (a
+        ``SpeculationController``) learns what the previous step cost, or, when the batch
+        changed, who joined it (``batch_changed``)."""
+        previous = self.last_key
+        measured = self.tick(key, now)
+        if measured is not None:
+            controller.observe_step(*measured)
+        elif previous is not None and key != previous:  # who joined, who left
+            controller.batch_changed(len(set(key).difference(previous)), len(key))
 
     @property
     def last_key(self) -> object | None:

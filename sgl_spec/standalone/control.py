@@ -198,14 +198,8 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         SGLang's ``activate_step_by_batch`` applies."""
         now = time.perf_counter()
         rids = tuple(req.rid for req in batch.reqs)
-        previous = self._clock.last_key
-        measured = self._clock.tick(rids, now)
-        controller = self.policy.controller
-        if controller is not None:
-            if measured is not None:
-                controller.observe_step(*measured)
-            elif previous is not None and rids != previous:
-                controller.batch_changed(len(set(rids).difference(previous)), len(rids))
+        if self.policy.controller is not None:  # auto (cycle and off learn nothing)
+            self._clock.start(rids, now, self.policy.controller)
         seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
         ctx = int(seq_lens.max()) if len(rids) else 0
         steps = self.policy.choose(len(rids), ctx)

@@ -25,8 +25,8 @@ class StandaloneFlags:
         "--standalone-steps",
         "STANDALONE_FULL (chain, --speculative-eagle-topk 1): 'fixed' (default) drafts"
         " --speculative-num-steps tokens every step; 'auto' lets the speculation controller"
-        " (sgl_spec/control) choose each step's chain length among 0 (no drafts: the target"
-        " verifies the root alone and the draft model skips its forwards, catching up later)"
+        " (sgl_spec/control) choose each step's chain length among 0 (no drafts: a plain decode"
+        " step, the draft model's forwards deferred and caught up later)"
         " .. --speculative-num-steps, from the measured step time and the running acceptance"
         " per position at the current batch size, switched through SGLang's adaptive runtime"
         " states; 'cycle' takes 0 .. --speculative-num-steps in turn, one step each (every"

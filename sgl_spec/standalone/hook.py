@@ -51,26 +51,25 @@ def check() -> None:
 
 
 def apply() -> bool:
-    """Register the class replacement with SGLang's hook registry and apply it now (SGLang
+    """Register the class replacements with SGLang's hook registry and apply them now (SGLang
     applies registered hooks after its plugins ran; applying is idempotent)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     from sgl_spec.standalone.draft import FullContextDraftWorker
 
     module = importlib.import_module(TARGET)
-    if getattr(module, CLASS) is not FullContextDraftWorker:
-        HookRegistry.register(f"{TARGET}.{CLASS}", FullContextDraftWorker, HookType.REPLACE)
-        HookRegistry.apply_hooks()
-    if getattr(module, CLASS) is not FullContextDraftWorker:
-        raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{CLASS}")
+    _replace(module, CLASS, FullContextDraftWorker)
     if process_config().standalone_steps != "fixed":
         from sgl_spec.standalone.control import ControlledStandaloneWorker
 
-        if getattr(module, WORKER_CLASS) is not ControlledStandaloneWorker:
-            HookRegistry.register(
-                f"{TARGET}.{WORKER_CLASS}", ControlledStandaloneWorker, HookType.REPLACE
-            )
-            HookRegistry.apply_hooks()
-        if getattr(module, WORKER_CLASS) is not ControlledStandaloneWorker:
-            raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{WORKER_CLASS}")
+        _replace(module, WORKER_CLASS, ControlledStandaloneWorker)
     return True
+
+
+def _replace(module: object, name: str, cls: type) -> None:
+    """``module.name`` becomes ``cls`` through SGLang's hook registry (a class ``REPLACE``)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if getattr(module, name) is not cls:
+        HookRegistry.register(f"{TARGET}.{name}", cls, HookType.REPLACE)
+        HookRegistry.apply_hooks()
+    if getattr(module, name) is not cls:
+        raise RuntimeError(f"SGLang's hook registry did not replace {TARGET}.{name}")

@@ -68,7 +68,13 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     "none": Algorithm(speculative=False),
     # sgl-spec's STANDALONE_FULL (SGLang's STANDALONE, the draft reading the whole sequence)
+    # at its default: the chain length chosen per step (auto) on this CPU engine
     "standalone": Algorithm(("--speculative-algorithm", "STANDALONE_FULL"), CHAIN_DEFAULTS),
+    # the fixed chain: --speculative-num-steps drafts every step
+    "standalone-fixed": Algorithm(
+        ("--speculative-algorithm", "STANDALONE_FULL", "--standalone-steps", "fixed"),
+        CHAIN_DEFAULTS,
+    ),
     # the chain length chosen per step by the speculation controller (sgl_spec/control), 0 to
     # the chain's --speculative-num-steps; 0 is a step without drafts
     "standalone-auto": Algorithm(

@@ -9,7 +9,8 @@ served step adds scheduling, tree and sampling work that this model leaves out, 
 prediction is an upper bound on what the engine can give at that acceptance. Per step:
 
 - ``none``: one target forward of 1 token per token;
-- ``standalone`` (chain of ``s`` steps, SGLang's default 3): the target verifies ``s + 1``
+- ``standalone-fixed``, ``standalone_sglang`` (a fixed chain of ``s`` steps, SGLang's default
+  3; ``standalone``, the chain length chosen per step, has no row): the target verifies ``s + 1``
   tokens, the draft runs ``s - 1`` one-token decodes and one extend of ``s + 2`` tokens (the
   accepted tokens and the bonus, ``standalone_full_context``);
 - ``mtp_lora`` (``k`` drafts): one target forward of ``(k + 1)²`` tokens (anchors and masks);
@@ -78,7 +79,7 @@ def step_cost(
     algorithm: str, target: dict, draft: dict, args: argparse.Namespace, t_d_share: float | None
 ) -> float | None:
     """Forward cost (ms) of one step of ``algorithm``; None when the model has no form for it."""
-    if algorithm.startswith("standalone"):
+    if algorithm in ("standalone-fixed", "standalone_sglang"):  # a chain of s drafts every step
         s = args.standalone_steps
         return (
             interpolate(target, s + 1) + (s - 1) * interpolate(draft, 1) + interpolate(draft, s + 2)

@@ -68,6 +68,9 @@ class LaunchArgs:
     dp_size: int = 1
     enable_dp_attention: bool = False
     nnodes: int = 1  # --nnodes: the ranks are spread over that many node processes
+    # SGLang's overlap scheduler as the launch asks for it: True (--enable-overlap-schedule),
+    # False (--disable-overlap-schedule), None (neither: SGLang's default, on)
+    overlap_schedule: bool | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -105,6 +108,7 @@ class LaunchArgs:
             dp_size=_int_or_none(flag_value(argv, "--dp-size", "--data-parallel-size")) or 1,
             enable_dp_attention=has_flag(argv, "--enable-dp-attention"),
             nnodes=_int_or_none(flag_value(argv, "--nnodes")) or 1,
+            overlap_schedule=_overlap_schedule(argv),
         )
 
     @classmethod
@@ -127,7 +131,14 @@ class LaunchArgs:
             dp_size=int(server_args.dp_size or 1),
             enable_dp_attention=bool(server_args.enable_dp_attention),
             nnodes=int(getattr(server_args, "nnodes", 1) or 1),
+            overlap_schedule=not getattr(server_args, "disable_overlap_schedule", False),
         )
+
+
+def _overlap_schedule(argv: list[str]) -> bool | None:
+    if has_flag(argv, "--disable-overlap-schedule"):
+        return False
+    return True if has_flag(argv, "--enable-overlap-schedule") else None
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -51,6 +51,12 @@ from sgl_spec.control.step_times import StepTimes
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10}  # fmt: skip
 
+# A chain's controller (STANDALONE_FULL, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
+# property of the requests, so a batch that turned over is probed again; and positions past
+# the length in use are never verified, so while speculating the other lengths are probed every
+# 32 steps (else one request of poor deep acceptance pins a short chain for good).
+CHAIN_TUNING = {**SERVED_TUNING, "probe_on_turnover": True, "probe_others_every": 32}
+
 # While probes keep confirming that speculation does not pay, the wait between them doubles up
 # to this multiple of ``explore_every``; a step that speculates on merit resets it.
 MAX_EXPLORE_BACKOFF = 8

@@ -106,7 +106,7 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
-    from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
+    from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
     from sgl_spec.control.cost_model import GammaTable, MTPGatedLoRACost
 
     table = None
@@ -117,7 +117,7 @@ def build_controller(table_path: str | None, k_max: int, prior: float | tuple[fl
             table = GammaTable.load(table_path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--mtp-gamma-table: cannot use {table_path}: {exc}") from exc
-    config = ControllerConfig(k_max=k_max, alpha_prior=prior, **SERVED_TUNING)
+    config = ControllerConfig(k_max=k_max, alpha_prior=prior, **CHAIN_TUNING)
     try:
         return SpeculationController(table, MTPGatedLoRACost(), config)
     except ValueError as exc:

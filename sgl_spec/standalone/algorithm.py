@@ -33,6 +33,17 @@ class StandaloneFull(Algorithm):
     shipped_argv = SHIPPED_ARGV
     patches = ("sgl_spec.standalone.hook",)
 
+    def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
+        """``--standalone-steps`` resolved where the user gave none (``default_steps_mode``)."""
+        from sgl_spec.standalone.flags import default_steps_mode
+
+        if launch.algorithm != NAME or config.standalone_steps is not None:
+            return config
+        mode = default_steps_mode(
+            launch.eagle_topk, launch.tp_size, launch.overlap_schedule, launch.device
+        )
+        return replace(config, standalone_steps=mode)
+
     def mark(self, config: SpecConfig) -> SpecConfig:
         return replace(config, standalone_full_context=True)
 
@@ -49,11 +60,16 @@ class StandaloneFull(Algorithm):
         check_draft_model(launch.draft_model_path, launch)
         check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
         mode = config.standalone_steps
-        if mode != "fixed":  # SGLang's adaptive step switching: chains only (control.py)
+        if mode not in (None, "fixed"):  # SGLang's adaptive step switching: chains (control.py)
             if launch.eagle_topk not in (None, 1):
                 raise ValueError(
                     f"--standalone-steps {mode} chooses a chain's length: it needs"
                     f" --speculative-eagle-topk 1, got {launch.eagle_topk}"
+                )
+            if launch.tp_size > 1:
+                raise ValueError(
+                    f"--standalone-steps {mode}: each tensor rank would time its own steps and"
+                    " could choose another chain length; use fixed with --tp-size > 1"
                 )
         return launch.num_steps, launch.num_draft_tokens
 
@@ -63,7 +79,7 @@ class StandaloneFull(Algorithm):
         from sgl_spec.argv import has_flag
 
         mode = config.standalone_steps
-        if mode == "fixed" or has_flag(argv, "--disable-overlap-schedule"):
+        if mode in (None, "fixed") or has_flag(argv, "--disable-overlap-schedule"):
             return argv
         if has_flag(argv, "--enable-overlap-schedule"):
             raise ValueError(

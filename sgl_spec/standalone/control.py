@@ -24,18 +24,14 @@ from sglang.srt.speculative import standalone_worker_v2
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
 from sgl_spec.common.plain_step import plain_result, plain_step
-from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
+from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
 from sgl_spec.control.step_times import StepClock
 from sgl_spec.standalone import catch_up
 
-# The controller's tuning on top of the served one (``SERVED_TUNING``): the first step after
-# 0 steps pays the draft's catch-up before it drafts, hence the margin to switch on; acceptance
-# is a property of the requests, so a batch that turned over is probed again; and positions
-# past the length in use are never verified, so while speculating the other lengths are probed
-# every 32 steps (else one request of poor deep acceptance pins a short chain for good).
-STANDALONE_TUNING = {**SERVED_TUNING, "explore_every": 64, "probe_on_turnover": True,
-                     "probe_others_every": 32}  # fmt: skip
+# A chain's tuning (``CHAIN_TUNING``), probing while off every 64 steps, not 256: a probe here
+# pays the draft's catch-up, not a step without drafts as MTP_LORA's does.
+STANDALONE_TUNING = {**CHAIN_TUNING, "explore_every": 64}
 
 
 def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:

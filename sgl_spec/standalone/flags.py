@@ -20,21 +20,34 @@ class StandaloneFlags:
         " STANDALONE with our draft worker in every process.",
         kind="internal",
     )
-    standalone_steps: str = flag(
-        "fixed",
+    standalone_steps: str | None = flag(
+        None,
         "--standalone-steps",
-        "STANDALONE_FULL (chain, --speculative-eagle-topk 1): 'fixed' (default) drafts"
-        " --speculative-num-steps tokens every step; 'auto' lets the speculation controller"
-        " (sgl_spec/control) choose each step's chain length among 0 (no drafts: a plain decode"
-        " step, the draft model's forwards deferred and caught up later)"
+        "STANDALONE_FULL (chain, --speculative-eagle-topk 1): 'auto' lets the speculation"
+        " controller (sgl_spec/control) choose each step's chain length among 0 (no drafts: a"
+        " plain decode step, the draft model's forwards deferred and caught up later)"
         " .. --speculative-num-steps, from the measured step time and the running acceptance"
         " per position at the current batch size, switched through SGLang's adaptive runtime"
-        " states; 'cycle' takes 0 .. --speculative-num-steps in turn, one step each (every"
-        " switch exercised: for tests, not for serving); 'off' drafts nothing (the floor"
-        " 'auto' falls back to; for measuring it).",
+        " states; 'fixed' drafts --speculative-num-steps tokens every step; 'cycle' takes 0 .."
+        " --speculative-num-steps in turn, one step each (every switch exercised: for tests, not"
+        " for serving); 'off' drafts nothing (the floor 'auto' falls back to; for measuring it)."
+        " Default: 'auto' where the launch runs its steps in order on one tensor rank with a"
+        " chain (every CPU launch: its defaults turn the overlap scheduler off), else 'fixed'"
+        " (a tree, --tp-size > 1, or SGLang's overlap scheduler, which 'auto' turns off).",
         choices=STANDALONE_STEPS_MODES,
         requires="STANDALONE_FULL",
     )
 
 
 FLAGS = StandaloneFlags
+
+
+def default_steps_mode(
+    eagle_topk: int | None, tp_size: int, overlap: bool | None, device: str
+) -> str:
+    """``--standalone-steps`` where the user gave none: the controller wherever it runs without
+    taking anything from the launch (a chain, one tensor rank -- every rank would time its own
+    steps and could choose another length -- and steps in order already: the overlap scheduler
+    off, or a CPU launch, whose defaults turn it off), else the fixed chain."""
+    in_order = overlap is False or (overlap is None and device == "cpu")
+    return "auto" if eagle_topk in (None, 1) and tp_size == 1 and in_order else "fixed"

@@ -57,7 +57,7 @@ def apply() -> bool:
 
     module = importlib.import_module(TARGET)
     _replace(module, CLASS, FullContextDraftWorker)
-    if process_config().standalone_steps != "fixed":
+    if process_config().standalone_steps not in (None, "fixed"):
         from sgl_spec.standalone.control import ControlledStandaloneWorker
 
         _replace(module, WORKER_CLASS, ControlledStandaloneWorker)

@@ -27,8 +27,11 @@ MINEDRAFT_CHAIN = ["--speculative-num-steps", "3", "--speculative-num-draft-toke
                    "--speculative-draft-device", "cpu:1"]  # fmt: skip
 FULL_TREE = ["--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
              "--speculative-num-draft-tokens", "7"]  # fmt: skip
+FIXED = ["--standalone-steps", "fixed"]
 CASES = {  # name: (model, algorithm, shape, maximum accept length)
-    "shipped_standalone_chain": ("shipped", "STANDALONE_FULL", CHAIN, 4),
+    # the fixed chain: the controller (the default) would rightly not draft with a draft that
+    # costs what the target does
+    "shipped_standalone_chain": ("shipped", "STANDALONE_FULL", [*CHAIN, *FIXED], 4),
     "shipped_standalone_tree": ("shipped", "STANDALONE_FULL", FULL_TREE, 3),
     "shipped_minedraft": ("shipped", "MINEDRAFT", MINEDRAFT_CHAIN, 4),
     "random_minedraft": ("random", "MINEDRAFT", MINEDRAFT_CHAIN, 4),

@@ -88,17 +88,21 @@ def _spec_args(
 
 def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
     t, d = tiny_models["target"], tiny_models["draft"]
+    # Chains drafting at their full length every step (the controller, the default, is
+    # exercised by the cycle servers: every length it may pick, switched every step).
+    fixed = ["--standalone-steps", "fixed"]
     return {
-        "chain": [
-            *_spec_args(t, d, CHAIN),
-            *METRICS,
-        ],
+        "chain": [*_spec_args(t, d, CHAIN), *fixed, *METRICS],
         "tree": _spec_args(t, d, TREE),
-        "chain_identity": _spec_args(t, t, CHAIN),
+        "chain_identity": [*_spec_args(t, t, CHAIN), *fixed],
         "tree_identity": _spec_args(t, t, FULL_TREE),
-        "one_step_identity": _spec_args(t, t, ONE_STEP),
+        "one_step_identity": [*_spec_args(t, t, ONE_STEP), *fixed],
         "chain_identity_shifted": _spec_args(t, t, CHAIN, "STANDALONE"),
-        "chain_unpatched": [*_spec_args(t, d, CHAIN), "--sgl-spec-no-cpu-lossless-sampling"],
+        "chain_unpatched": [
+            *_spec_args(t, d, CHAIN),
+            *fixed,
+            "--sgl-spec-no-cpu-lossless-sampling",
+        ],
         # chain lengths 0, 1, 2, 3 in turn, one step each: every switch, and the draft's
         # catch-up after each step without drafts
         "chain_cycle": [*_spec_args(t, d, CHAIN), "--standalone-steps", "cycle", *METRICS],

@@ -466,7 +466,14 @@ def assert_idle(url: str, idle_used: int, timeout: float = IDLE_TIMEOUT_S) -> No
 SERVER_ARGS = {
     "none": ["--model-path", DEFAULT_TARGET],
     **{name: ["--speculative-algorithm", name] for name in ALGORITHMS},
+    # fixed settings: every case must go through drafted, verified steps
     "MTP_LORA": ["--speculative-algorithm", "MTP_LORA", "--mtp-k", "2"],
+    "STANDALONE_FULL": [
+        "--speculative-algorithm",
+        "STANDALONE_FULL",
+        "--standalone-steps",
+        "fixed",
+    ],
 }
 
 

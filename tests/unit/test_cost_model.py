@@ -33,7 +33,7 @@ def test_interpolate_between_and_past_measured_points() -> None:
 def test_step_costs_and_predicted_speedup() -> None:
     bench = {"runs": [
         {"algorithm": "none", "mean_accept_length": None, "ratios": {}},
-        {"algorithm": "standalone", "mean_accept_length": 3.0,
+        {"algorithm": "standalone-fixed", "mean_accept_length": 3.0,
          "ratios": {"output_throughput": 1.1, "output_throughput_paired": 1.05}},
         {"algorithm": "mtp_lora", "mean_accept_length": 2.0, "ratios": {"output_throughput": 0.9}},
         {"algorithm": "specblock", "mean_accept_length": 3.5, "draft_share_pct": 50.0,
@@ -44,11 +44,11 @@ def test_step_costs_and_predicted_speedup() -> None:
     rows = {r["algorithm"]: r for r in cost_model.model_rows(_forward_cost(), bench, args)}
     # standalone, 3 steps: target 4 tokens (13) + 2 draft decodes (2.5 each) + draft 5 tokens
     standalone = 13.0 + 2 * 2.5 + 0.25 * 14.0
-    assert rows["standalone"]["step_in_decodes"] == pytest.approx(standalone / 10.0)
-    assert rows["standalone"]["predicted_speedup"] == pytest.approx(3.0 * 10.0 / standalone)
-    assert rows["standalone"]["measured_speedup"] == 1.05  # the paired ratio when present
-    assert rows["standalone"]["measured_step_in_decodes"] == pytest.approx(3.0 / 1.05)
-    assert rows["standalone"]["accept_needed"] == pytest.approx(1.3 * standalone / 10.0)
+    assert rows["standalone-fixed"]["step_in_decodes"] == pytest.approx(standalone / 10.0)
+    assert rows["standalone-fixed"]["predicted_speedup"] == pytest.approx(3.0 * 10.0 / standalone)
+    assert rows["standalone-fixed"]["measured_speedup"] == 1.05  # the paired ratio when present
+    assert rows["standalone-fixed"]["measured_step_in_decodes"] == pytest.approx(3.0 / 1.05)
+    assert rows["standalone-fixed"]["accept_needed"] == pytest.approx(1.3 * standalone / 10.0)
     assert rows["mtp_lora"]["predicted_speedup"] == pytest.approx(2.0 * 10.0 / 18.0)  # 9 tokens
     assert rows["specblock"]["step_in_decodes"] == pytest.approx(2 * 17.0 / 10.0)  # 8 nodes
     assert "predicted_speedup" not in rows["hf"]

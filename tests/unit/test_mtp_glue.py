@@ -120,3 +120,23 @@ def test_fused_mlp_kernel_runs_only_without_gated_rows() -> None:
         assert not dual.can_run("small", None)  # mask rows need gate_up_proj's LoRA delta
     with adapter.gates(width=1, first_gated=1, mask_index=torch.zeros(0, dtype=torch.int64)):
         assert dual.can_run("small", None)  # k = 0: anchors only
+
+
+def test_auto_relearns_deep_masks_after_a_poor_request() -> None:
+    """MTP_LORA's controller is a chain's (``CHAIN_TUNING``): a request whose masks fail from
+    position 2 on settles it at k = 1, where masks 2-3 are never verified; probing the other k
+    while speculating lets a later request of full acceptance bring back k = 3."""
+    from sgl_spec.mtp.settings import build_controller
+
+    controller = build_controller(None, 3, 0.7)
+    seconds = {0: 0.010, 1: 0.0112, 2: 0.0124, 3: 0.0136}
+    history = []
+    for step in range(1500):
+        k = controller.decide(1, 64).k
+        history.append(k)
+        poor = 100 <= step < 400
+        if k:
+            controller.observe(k, [min(k, 1) if poor else k])
+        controller.observe_step(k, 1, seconds[k])
+    assert history[380:400].count(1) >= 15, history[380:400]
+    assert history[-50:].count(3) >= 40, history[-50:]

@@ -144,6 +144,16 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "MINEDRAFT", "--minedraft-overlap", "off"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
+    # drafts verified per step chosen by the speculation controller, 0 (a plain decode step,
+    # nothing sent to the draft server) to 3; and 0 every step, the floor it falls back to
+    "minedraft-auto": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "auto"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
+    "minedraft-off": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "off"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
     # STANDALONE_FULL held to one core (SGLang's CPU thread binding): with "minedraft" on a
     # 2-core host this is the paper's setting, the same target device plus one for drafting
     "standalone-1core": Algorithm(

@@ -138,7 +138,7 @@ class SpecMetrics:
 
     def observe_k(self, k: int) -> None:
         """The drafts per request chosen for a step: MTP_LORA's mask tokens, SPECBLOCK's node
-        budget - 1, STANDALONE_FULL's chain length."""
+        budget - 1, STANDALONE_FULL's chain length, MINEDRAFT's drafts verified."""
         self.interval.k_counts[k] = self.interval.k_counts.get(k, 0) + 1
         if self.enabled:
             hist = self._series(

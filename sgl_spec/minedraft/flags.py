@@ -8,6 +8,7 @@ from sgl_spec.flags import ConfigError, flag
 
 MINEDRAFT_DRAFTERS = ("model", "specblock")
 MINEDRAFT_POLICIES = ("balanced", "paper")  # batch assignment (sgl_spec.minedraft.batch_manager)
+MINEDRAFT_STEPS_MODES = ("fixed", "auto", "cycle", "off")  # sgl_spec.control.chain_steps
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,20 @@ class MineDraftFlags:
         " 'off' runs every step as standard SD through the same draft server (draft, then"
         " verify): the like-for-like baseline that measures what the overlap gains.",
         choices=("on", "off"),
+    )
+    minedraft_steps: str = flag(
+        "fixed",
+        "--minedraft-steps",
+        "MINEDRAFT: drafts verified per request each step: 'fixed' (default) all"
+        " --speculative-num-steps; 'auto' lets the speculation controller (sgl_spec/control)"
+        " choose each step's number among 0 (a plain decode step of the whole batch, nothing"
+        " sent to the draft server, which catches up on the next drafts it is asked for)"
+        " .. --speculative-num-steps, from the measured step time and the running acceptance"
+        " per position at the current batch size; 'cycle' takes 0 .. --speculative-num-steps"
+        " in turn, one step each (for tests); 'off' verifies no drafts (the floor 'auto' falls"
+        " back to; for measuring it).",
+        choices=MINEDRAFT_STEPS_MODES,
+        requires="MINEDRAFT",
     )
 
     def validate(self) -> None:

@@ -28,6 +28,7 @@ class MineDraftSettings:
     draft_timeout_s: float
     max_batch_size: int
     overlap: bool = True  # False: every step is standard SD (--minedraft-overlap off)
+    steps_mode: str = "fixed"  # --minedraft-steps: who chooses the drafts verified per step
     drafter: str = "model"  # --minedraft-drafter: "model" (draft LM) or "specblock"
     # the hosted SpecBlock drafter's DrafterConfig, read once with the settings (else None)
     drafter_config: Any = None
@@ -155,6 +156,7 @@ def load_settings(config: SpecConfig, launch: LaunchArgs) -> MineDraftSettings:
         draft_timeout_s=float(config.minedraft_draft_timeout),
         max_batch_size=launch.max_running_requests or DEFAULT_MAX_BATCH,
         overlap=config.minedraft_overlap == "on",
+        steps_mode=config.minedraft_steps,
         drafter=config.minedraft_drafter,
         drafter_config=drafter_config,
     )

@@ -43,8 +43,10 @@ import numpy as np
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 
+from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
+from sgl_spec.control.chain_steps import ChainSteps
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
 from sgl_spec.minedraft.draft_launch import start_draft_link
 from sgl_spec.minedraft.feature_cache import TargetFeatureCache
@@ -85,6 +87,10 @@ class MineDraftWorker(TargetWrappingWorker):
         self.link = start_draft_link(self.settings, server_args)
         self.link.on_restart = self.metrics.set_restarts
         self.set_verify_shape(self.settings.num_steps, self.width)
+        # drafts verified per request each step (--minedraft-steps); the controller, if auto
+        self.steps = ChainSteps(settings.steps_mode, settings.num_steps, "--minedraft-steps")
+        self.controller = self.steps.controller
+        self.k = settings.num_steps  # this step's drafts per request (its width is k + 1)
 
     def _capture_features(self) -> torch.Tensor:
         """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does;
@@ -112,10 +118,15 @@ class MineDraftWorker(TargetWrappingWorker):
     # ---- decode: two phases ------------------------------------------------------------------
 
     def forward_decode(self, batch) -> GenerationBatchResult:
+        tic = time.perf_counter()
+        self.step_started(batch, tic)
         rids = [req.rid for req in batch.reqs]
         self._sync_membership(rids)
         for rid in self.manager.rebalance():
             self._drafts.pop(rid, None)
+        self.k = self._choose(batch)
+        if self.k == 0:
+            return self._forward_plain(batch, tic)
         row_of = {rid: i for i, rid in enumerate(rids)}
         extra: dict[str, list[int]] = {}  # tokens verified earlier in this call
         phases: list[Phase] = []
@@ -129,7 +140,41 @@ class MineDraftWorker(TargetWrappingWorker):
         else:  # standard SD on the whole batch (§5.2)
             rows = list(range(len(rids)))
             phases.append(self._phase(batch, plan, rows, rows, extra, False))
-        return merge_phases(batch, phases, self.width, self.device)
+        result = merge_phases(batch, phases, self.k + 1, self.device)
+        if self.controller is not None:
+            realised = sum(len(tokens) for tokens in extra.values()) / len(rids)
+            self.metrics.observe_prediction(self.steps.lam, realised)
+        return result
+
+    def _choose(self, batch) -> int:
+        """This step's drafts per request (``--minedraft-steps``)."""
+        if self.steps.mode == "fixed":
+            return self.settings.num_steps
+        seq_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+        k = self.steps.choose(len(batch.reqs), int(seq_lens.max()))
+        self.step_chosen(k, len(batch.reqs))
+        self.metrics.observe_k(k)
+        return k
+
+    def _forward_plain(self, batch, tic: float) -> GenerationBatchResult:
+        """No drafts: the plain decode step of the whole batch (``common/plain_step.py``);
+        nothing goes to the draft server, whose next job for each request carries the tokens
+        committed meanwhile (a job sends the sequence past what the server has)."""
+        bonus = batch.spec_info.bonus_tokens
+        step = plain_step(self, batch, bonus, capture_hidden=self.features is not None)
+        if self.features is not None:  # the bonus tokens' features, at their KV slots
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            locs = req_to_token[batch.req_pool_indices.to(torch.int64), batch.seq_lens.long()]
+            self.features.store(locs, step.hidden)
+        seconds = time.perf_counter() - tic
+        bs = len(batch.reqs)
+        self.stats.record_phase(
+            parallel=False, num_verified=bs, num_accepted=0, num_undrafted=bs,
+            verify_s=seconds, draft_s=0.0, wait_s=0.0,
+        )  # fmt: skip
+        self.metrics.observe_step([0] * bs, [0] * bs, 0.0, seconds)
+        carried = MineDraftDraftInput.carried(step.tokens, batch.seq_lens + 1)
+        return plain_result(batch, step, carried)
 
     def _sync_membership(self, rids: list[str]) -> None:
         """Recycle the requests that left since the last call, assign the new ones (§5.1)."""
@@ -165,7 +210,7 @@ class MineDraftWorker(TargetWrappingWorker):
             draft_s += self._collect(self._step)
             wait_s = time.perf_counter() - sync_tic
         accept = result.accept_lens.tolist()
-        tokens = result.next_token_ids.view(len(target_rows), self.width).tolist()
+        tokens = result.next_token_ids.view(len(target_rows), self.k + 1).tolist()
         for i, row in enumerate(target_rows):
             extra.setdefault(batch.reqs[row].rid, []).extend(tokens[i][: accept[i]])
         self.stats.record_phase(
@@ -178,6 +223,7 @@ class MineDraftWorker(TargetWrappingWorker):
             wait_s=wait_s,
         )
         self.metrics.observe_step([a - 1 for a in accept], num_offered, draft_s, verify_s)
+        self.steps.observe([a - 1 for a, n in zip(accept, num_offered, strict=True) if n == self.k])
         self.metrics.observe_phase(self.stats.overlap_bound, len(target_rows), len(draft_rows))
         self.manager.alternate(plan)
         if self.stats.phases % self.log_every == 0:
@@ -240,15 +286,11 @@ class MineDraftWorker(TargetWrappingWorker):
         for row, root in zip(rows, roots, strict=True):
             drafts = self._drafts.pop(batch.reqs[row].rid, None)
             fresh = drafts is not None and drafts[0] == _seq_total(batch.reqs[row])
-            trees.append(DraftTree.chain(int(root), drafts[1].tolist() if fresh else ()))
+            chain = drafts[1][: self.k].tolist() if fresh else ()
+            trees.append(DraftTree.chain(int(root), chain))
+        width = self.k + 1
         result, _ = verify_trees(
-            self,
-            sub,
-            trees,
-            seq_lens,
-            self.width,
-            self.settings.num_steps,
-            capture_hidden=self.features is not None,
+            self, sub, trees, seq_lens, width, self.k, capture_hidden=self.features is not None
         )
         if self.features is not None:
             hidden = result.logits_output.hidden_states
@@ -258,9 +300,9 @@ class MineDraftWorker(TargetWrappingWorker):
                 sub.req_pool_indices.tolist(),
                 seq_lens,
                 result.accept_lens.tolist(),
-                self.width,
+                width,
             )
-        return result, [min(tree.num_nodes - 1, self.width - 1) for tree in trees]
+        return result, [min(tree.num_nodes - 1, self.k) for tree in trees]
 
     def close(self) -> None:
         self.link.close()

@@ -24,38 +24,19 @@ from sglang.srt.speculative import standalone_worker_v2
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
 from sgl_spec.common.plain_step import plain_result, plain_step
-from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
-from sgl_spec.control.cost_model import DrafterCost
+from sgl_spec.control.chain_steps import ChainSteps
 from sgl_spec.control.step_times import StepClock
 from sgl_spec.standalone import catch_up
 
-# A chain's tuning (``CHAIN_TUNING``), probing while off every 64 steps, not 256: a probe here
-# pays the draft's catch-up, not a step without drafts as MTP_LORA's does.
-STANDALONE_TUNING = {**CHAIN_TUNING, "explore_every": 64}
 
-
-def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:
-    """Chain lengths 0..``max_steps`` priced by served step times (no γ table, δ folded into
-    the measured times)."""
-    config = ControllerConfig(k_max=max_steps, alpha_prior=alpha, **STANDALONE_TUNING)
-    return SpeculationController(None, DrafterCost(0.0), config)
-
-
-class StepsPolicy:
+class StepsPolicy(ChainSteps):
     """SGLang's ``AdaptiveSpecPolicy`` for one STANDALONE_FULL worker: the step count of each
     decode batch, chosen before the step by ``choose`` (``ControlledStandaloneWorker``)."""
 
     def __init__(self, mode: str, max_steps: int) -> None:
         if mode not in ("auto", "cycle", "off"):
             raise ValueError(f"--standalone-steps {mode!r} has no policy")
-        if max_steps < 1:
-            raise ValueError(f"--standalone-steps {mode} needs --speculative-num-steps >= 1")
-        self.mode = mode
-        self.max_steps = max_steps
-        self.controller = steps_controller(max_steps) if mode == "auto" else None
-        self.steps = 0 if mode == "off" else max_steps  # the step count chosen last
-        self.lam = 1.0  # the controller's predicted tokens per request for it
-        self._cycle = 0
+        super().__init__(mode, max_steps, "--standalone-steps")
         self._active = max_steps  # SGLang's active runtime state (the launch's at first)
         self._cuda_graph_bs: list[int] | None = None
 
@@ -84,19 +65,7 @@ class StepsPolicy:
         """Acceptance of the step that ran at ``self.steps``; the switch happens before the
         next step (``choose``), never here."""
         del batch_size
-        if self.controller is not None and num_correct_drafts_per_req:
-            self.controller.observe(self.steps, num_correct_drafts_per_req)
-
-    # -- ours --
-    def choose(self, batch_size: int, ctx_len: int) -> int:
-        """The step count of the next decode step."""
-        if self.mode == "cycle":
-            self.steps = self._cycle % (self.max_steps + 1)
-            self._cycle += 1
-        elif self.controller is not None:
-            decision = self.controller.decide(batch_size, ctx_len)
-            self.steps, self.lam = decision.k, decision.lam
-        return self.steps
+        self.observe(num_correct_drafts_per_req)
 
 
 class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):

@@ -88,6 +88,17 @@ def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):
                 "--specblock-drafter-path",
                 str(tiny_specblock_drafter),
             ],
+            # drafts verified per step 0, 1, 2, 3 in turn (0: a plain decode step, nothing
+            # sent to the draft server), with the drafter that reads the target's features
+            "minedraft_specblock_cycle": [
+                *args("MINEDRAFT", tiny_models["draft"]),
+                "--minedraft-drafter",
+                "specblock",
+                "--specblock-drafter-path",
+                str(tiny_specblock_drafter),
+                "--minedraft-steps",
+                "cycle",
+            ],
             "standalone_constant": args("STANDALONE", constant),
         },
         logs,
@@ -286,5 +297,28 @@ def test_specblock_drafter_greedy_equals_baseline(servers, baseline_greedy) -> N
 
 def test_specblock_drafter_sampling_matches_target(servers, tiny_models) -> None:
     server = servers("minedraft_specblock")
+    kwargs = dict(temperature=TEMPERATURE, num_samples=NUM_SAMPLES, alpha=ALPHA)
+    assert_three_token_law(server, tiny_models["target"], SAMPLING_PROMPT_IDS, **kwargs)
+
+
+def test_steps_cycle_greedy_equals_baseline(servers, baseline_greedy) -> None:
+    """``--minedraft-steps cycle``: every number of drafts from 0 to the chain's, one step each.
+    Steps at 0 are plain decode steps that send the draft server nothing: its next job carries
+    the tokens committed meanwhile and their features (stored by the plain step), so drafts
+    are still accepted on the steps that verify them, and output is the baseline's."""
+    server = servers("minedraft_specblock_cycle")
+    before = total(scrape(server), "sglang:spec_plain_steps_total", algorithm="MINEDRAFT")
+    accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
+    assert accept > 1.1, f"drafts are rarely accepted: {accept}"
+    samples = scrape(server)
+    assert total(samples, "sglang:spec_plain_steps_total", algorithm="MINEDRAFT") > before
+    count = total(samples, "sglang:spec_chosen_k_count", algorithm="MINEDRAFT")
+    mean_k = total(samples, "sglang:spec_chosen_k_sum", algorithm="MINEDRAFT") / max(count, 1)
+    assert count > 0 and 1.0 < mean_k < 2.0, (count, mean_k)  # 0, 1, 2, 3 in turn
+    assert _metrics(server)[-1]["faults"] == 0
+
+
+def test_steps_cycle_sampling_matches_target(servers, tiny_models) -> None:
+    server = servers("minedraft_specblock_cycle")
     kwargs = dict(temperature=TEMPERATURE, num_samples=NUM_SAMPLES, alpha=ALPHA)
     assert_three_token_law(server, tiny_models["target"], SAMPLING_PROMPT_IDS, **kwargs)

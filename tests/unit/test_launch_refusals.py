@@ -193,6 +193,14 @@ SHAPES = {
         standalone_full("draft", "--standalone-steps", "sometimes"),
         "--standalone-steps",
     ),
+    "MINEDRAFT-minedraft-steps-value": (
+        minedraft("draft", "--minedraft-steps", "sometimes"),
+        "--minedraft-steps",
+    ),
+    "STANDALONE_FULL-minedraft-steps": (
+        standalone_full("draft", "--minedraft-steps", "auto"),
+        "--minedraft-steps",
+    ),
     # MTP_LORA and SPECBLOCK size drafts with their own flags; SGLang's would be overwritten
     "MTP_LORA-steps": (mtp("mtp", STEPS, "3"), STEPS),
     "MTP_LORA-tokens": (mtp("mtp", TOKENS, "4"), TOKENS),

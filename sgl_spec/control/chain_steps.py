@@ -1,0 +1,63 @@
+"""A chain's length chosen per step, for the algorithms that draft one chain per request from a
+draft model (STANDALONE_FULL's ``--standalone-steps``, MINEDRAFT's ``--minedraft-steps``).
+
+``ChainSteps`` names each decode step's number of drafts, 0 (a plain decode step) to the
+launch's chain length: 'auto' asks the speculation controller (measured step times per batch
+size and length, running acceptance per position), 'fixed' keeps the full chain, 'cycle' takes
+every length in turn (every switch exercised: for tests), 'off' keeps 0 (the floor 'auto' falls
+back to: for measuring it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
+from sgl_spec.control.cost_model import DrafterCost
+
+CHAIN_STEPS_MODES = ("fixed", "auto", "cycle", "off")
+
+# A draft model's chain: probing while off every 64 steps, not 256 (``SERVED_TUNING``): a
+# probe pays the draft's catch-up on the tokens committed meanwhile, not a step without drafts
+# as MTP_LORA's does.
+DRAFT_CHAIN_TUNING = {**CHAIN_TUNING, "explore_every": 64}
+
+
+def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:
+    """Chain lengths 0..``max_steps`` priced by served step times (no γ table, the draft's
+    cost folded into the measured times)."""
+    config = ControllerConfig(k_max=max_steps, alpha_prior=alpha, **DRAFT_CHAIN_TUNING)
+    return SpeculationController(None, DrafterCost(0.0), config)
+
+
+class ChainSteps:
+    """The number of drafts of each decode step (module docstring); ``choose`` before the
+    step, ``observe`` the acceptance of the requests that were offered that many drafts."""
+
+    def __init__(self, mode: str, max_steps: int, flag: str) -> None:
+        if mode not in CHAIN_STEPS_MODES:
+            raise ValueError(f"{flag} must be one of {', '.join(CHAIN_STEPS_MODES)}; got {mode!r}")
+        if max_steps < 1:
+            raise ValueError(f"{flag} {mode} needs --speculative-num-steps >= 1")
+        self.mode = mode
+        self.max_steps = max_steps
+        self.controller: Any = steps_controller(max_steps) if mode == "auto" else None
+        self.steps = 0 if mode == "off" else max_steps  # the length chosen last
+        self.lam = 1.0  # the controller's predicted tokens per request for it
+        self._cycle = 0
+
+    def choose(self, batch_size: int, ctx_len: int) -> int:
+        """The number of drafts of the next decode step."""
+        if self.mode == "cycle":
+            self.steps = self._cycle % (self.max_steps + 1)
+            self._cycle += 1
+        elif self.controller is not None:
+            decision = self.controller.decide(batch_size, ctx_len)
+            self.steps, self.lam = decision.k, decision.lam
+        return self.steps
+
+    def observe(self, num_accepted: list[int]) -> None:
+        """Drafts accepted per request in the step that ran at ``self.steps`` (only requests
+        offered that many drafts say anything about the positions)."""
+        if self.controller is not None and self.steps > 0 and num_accepted:
+            self.controller.observe(self.steps, num_accepted)

@@ -33,6 +33,11 @@ class Flag:
     requires: str | None = None
 
 
+# Who names each step's chain length (``sgl_spec.control.chain_steps.ChainSteps``): the choices
+# of every such flag (``--standalone-steps``, ``--minedraft-steps``).
+CHAIN_STEPS_MODES = ("fixed", "auto", "cycle", "off")
+
+
 def flag(default: object, name: str, help: str, **options: object) -> object:
     return field(default=default, metadata={"flag": Flag(name, help, **options)})
 

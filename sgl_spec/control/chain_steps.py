@@ -14,8 +14,7 @@ from typing import Any
 
 from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
-
-CHAIN_STEPS_MODES = ("fixed", "auto", "cycle", "off")
+from sgl_spec.flags import CHAIN_STEPS_MODES
 
 # A draft model's chain: probing while off every 64 steps, not 256 (``SERVED_TUNING``): a
 # probe pays the draft's catch-up on the tokens committed meanwhile, not a step without drafts

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sgl_spec.flags import ConfigError, flag
+from sgl_spec.flags import CHAIN_STEPS_MODES, ConfigError, flag
 
 MINEDRAFT_DRAFTERS = ("model", "specblock")
 MINEDRAFT_POLICIES = ("balanced", "paper")  # batch assignment (sgl_spec.minedraft.batch_manager)
-MINEDRAFT_STEPS_MODES = ("fixed", "auto", "cycle", "off")  # sgl_spec.control.chain_steps
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class MineDraftFlags:
         " per position at the current batch size; 'cycle' takes 0 .. --speculative-num-steps"
         " in turn, one step each (for tests); 'off' verifies no drafts (the floor 'auto' falls"
         " back to; for measuring it).",
-        choices=MINEDRAFT_STEPS_MODES,
+        choices=CHAIN_STEPS_MODES,
         requires="MINEDRAFT",
     )
 

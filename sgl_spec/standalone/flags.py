@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sgl_spec.flags import flag
-
-STANDALONE_STEPS_MODES = ("fixed", "auto", "cycle", "off")
+from sgl_spec.flags import CHAIN_STEPS_MODES, flag
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class StandaloneFlags:
         " Default: 'auto' where the launch runs its steps in order on one tensor rank with a"
         " chain (every CPU launch: its defaults turn the overlap scheduler off), else 'fixed'"
         " (a tree, --tp-size > 1, or SGLang's overlap scheduler, which 'auto' turns off).",
-        choices=STANDALONE_STEPS_MODES,
+        choices=CHAIN_STEPS_MODES,
         requires="STANDALONE_FULL",
     )
 

@@ -33,31 +33,14 @@ class AcceptanceModel(Protocol):
         """One step at setting k accepted ``counts[i]`` drafts for request i."""
         ...
 
-    def renew(self, share: float) -> None:
-        """``share`` of the batch's requests are new since the estimates were last renewed."""
-        ...
-
-
-# Weight of one step's observation in a chain's population estimate (``ChainAcceptance``): it
-# spans a few requests' worth of steps, where the running α follows the requests in the batch.
-POPULATION_WEIGHT = 0.01
-
 
 class ChainAcceptance:
     """α_j = P(draft j accepted | drafts 1..j-1 were), one running estimate per position;
     λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j. A position beyond the k in use is not observed and keeps
-    its last estimate.
-
-    Acceptance is a property of the requests: next to the running α (EWMA ``weight``, the
-    requests in the batch now) a slower one (``POPULATION_WEIGHT``) estimates the requests
-    served. When requests join, ``renew`` moves α toward the latter by their share of the batch:
-    a new request is expected to accept like the population, not like the one it replaced (at
-    one request, a request whose drafts were rejected would otherwise leave α low and drafting
-    off for the next ones, whose two-step probes barely move an EWMA of weight 0.05)."""
+    its last estimate."""
 
     def __init__(self, prior: Sequence[float], weight: float) -> None:
         self.alphas = [float(a) for a in prior]
-        self.population = list(self.alphas)
         self.weight = weight
 
     def length(self, k: int) -> float:
@@ -79,15 +62,6 @@ class ChainAcceptance:
                 break
             accepted = sum(1 for a in counts if a >= j)
             self.alphas[j - 1] += self.weight * (accepted / reached - self.alphas[j - 1])
-            self.population[j - 1] += POPULATION_WEIGHT * (
-                accepted / reached - self.population[j - 1]
-            )
-
-    def renew(self, share: float) -> None:
-        share = min(max(share, 0.0), 1.0)
-        self.alphas = [
-            a + share * (p - a) for a, p in zip(self.alphas, self.population, strict=True)
-        ]
 
 
 class BudgetAcceptance:
@@ -114,11 +88,6 @@ class BudgetAcceptance:
 
     def most_accepted(self, k: int) -> int:
         return self.max_drafts[k]
-
-    def renew(self, share: float) -> None:
-        """Nothing: each budget's estimate already follows within a few steps (its EWMA weight
-        is 0.25 in the served tuning) and the probes on turnover re-measure it."""
-        del share
 
     def observe(self, k: int, counts: Sequence[int]) -> None:
         if not counts or k == 0:

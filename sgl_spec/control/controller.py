@@ -330,11 +330,10 @@ class SpeculationController:
         return None
 
     def batch_changed(self, joined: int, batch_size: int) -> None:
-        """``joined`` of the batch's ``batch_size`` requests are new (``probe_on_turnover``):
-        acceptance renewed by their share (``AcceptanceModel.renew``), a turned-over batch probed."""
+        """The batch now holds ``batch_size`` requests, ``joined`` of them new
+        (``probe_on_turnover``)."""
         if not self.config.probe_on_turnover:
             return
-        self.acceptance.renew(joined / batch_size if batch_size > 0 else 0.0)
         self._joined += joined
         every = self.config.explore_every
         turned_over = 2 * self._joined >= batch_size

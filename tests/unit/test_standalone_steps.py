@@ -161,32 +161,3 @@ def test_auto_relearns_deep_positions_after_a_poor_request() -> None:
         controller.observe_step(k, 1, seconds[k])
     assert history[280:300].count(1) >= 15, history[280:300]  # settled at 1 on the poor one
     assert history[-50:].count(3) >= 40, history[-50:]
-
-
-def test_a_new_request_is_expected_to_accept_like_the_population() -> None:
-    """At one request, a request whose drafts are all rejected turns drafting off; the next one
-    (the batch turned over) must not inherit its acceptance: renewed toward the population's
-    estimate on turnover, α lets its probe switch drafting back on, and a request whose drafts
-    are all accepted drafts on most of its steps."""
-    from sgl_spec.control.chain_steps import steps_controller
-
-    controller = steps_controller(3)
-    seconds = {0: 0.010, 1: 0.0133, 2: 0.0166, 3: 0.0199}  # a draft costs a third of a decode
-    drafting = []
-    for request in range(12):
-        poor = request % 3 == 2  # every third request rejects every draft
-        controller.batch_changed(1, 1)
-        committed, steps_on, steps = 0, 0, 0
-        while committed < 128:
-            k = controller.decide(1, 64).k
-            accepted = 0 if poor else k
-            if k:
-                controller.observe(k, [accepted])
-            controller.observe_step(k, 1, seconds[k])
-            committed += accepted + 1
-            steps_on += k > 0
-            steps += 1
-        drafting.append(steps_on / steps)
-    after_poor = [drafting[r] for r in (3, 6, 9)]  # full-acceptance requests right after
-    assert min(after_poor) >= 0.8, drafting
-    assert max(drafting[r] for r in (5, 8, 11)) <= 0.5, drafting  # the poor ones turn it off

@@ -11,6 +11,10 @@ from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.server_utils import DEFAULT_POOL_ARGS, Server
 
 HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
+# A held-out prompt whose continuation the shipped draft predicts evenly from its first tokens
+# (HELD_OUT_PROMPT's first dozen are mostly rejected: a controller may rightly run them plain
+# and then wait out its probe interval, which says nothing about what it settled on).
+EVEN_PROMPT = "import os\n\n\ndef list_files(root):\n    "
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def test_default_server_speculates_on_shipped_models(default_server) -> None:
     """The default chain length is the controller's: a fresh server's first decode steps are
     plain (their times would mislead it), so the second request shows what it settled on; the
     greedy output is the same either way."""
-    body = {"text": HELD_OUT_PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
+    body = {"text": EVEN_PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 64}}
     first = default_server.generate(body)
     out = default_server.generate(body)
     assert out["output_ids"] == first["output_ids"]

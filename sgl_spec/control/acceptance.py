@@ -33,14 +33,37 @@ class AcceptanceModel(Protocol):
         """One step at setting k accepted ``counts[i]`` drafts for request i."""
         ...
 
+    def renew(self, share: float) -> None:
+        """``share`` of the batch's requests are new since the estimates were last renewed."""
+        ...
+
+
+# A chain's population estimate (``ChainAcceptance``) weighs one step's observation 1/n over its
+# first n observations of a position (a running mean: no pull from the prior), then this much:
+# it spans a few requests' worth of steps where the running α follows the requests in the batch.
+POPULATION_WEIGHT = 0.01
+# Observations of a position before its population estimate may renew the running one: fewer
+# would only come from the first request's warm-up probes.
+POPULATION_MIN_SEEN = 64
+
 
 class ChainAcceptance:
     """α_j = P(draft j accepted | drafts 1..j-1 were), one running estimate per position;
     λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j. A position beyond the k in use is not observed and keeps
-    its last estimate."""
+    its last estimate.
+
+    Acceptance is a property of the requests: next to the running α (EWMA ``weight``, the
+    requests in the batch now) a slower estimate (``POPULATION_WEIGHT``) follows the requests
+    served. When requests join, ``renew`` moves α toward it by their share of the batch: a new
+    request is expected to accept like the population, not like the one it replaced (at one
+    request, one whose drafts were rejected would otherwise leave α low and drafting off for
+    the next ones, whose short probes barely move an EWMA of weight 0.05). A position renews
+    only once the population estimate has ``POPULATION_MIN_SEEN`` observations of it."""
 
     def __init__(self, prior: Sequence[float], weight: float) -> None:
         self.alphas = [float(a) for a in prior]
+        self.population = list(self.alphas)
+        self.seen = [0] * len(self.alphas)  # observations of each position
         self.weight = weight
 
     def length(self, k: int) -> float:
@@ -62,6 +85,15 @@ class ChainAcceptance:
                 break
             accepted = sum(1 for a in counts if a >= j)
             self.alphas[j - 1] += self.weight * (accepted / reached - self.alphas[j - 1])
+            self.seen[j - 1] += 1
+            pull = max(POPULATION_WEIGHT, 1.0 / self.seen[j - 1])
+            self.population[j - 1] += pull * (accepted / reached - self.population[j - 1])
+
+    def renew(self, share: float) -> None:
+        share = min(max(share, 0.0), 1.0)
+        for j, (alpha, population) in enumerate(zip(self.alphas, self.population, strict=True)):
+            if self.seen[j] >= POPULATION_MIN_SEEN:
+                self.alphas[j] = alpha + share * (population - alpha)
 
 
 class BudgetAcceptance:
@@ -88,6 +120,11 @@ class BudgetAcceptance:
 
     def most_accepted(self, k: int) -> int:
         return self.max_drafts[k]
+
+    def renew(self, share: float) -> None:
+        """Nothing: each budget's estimate already follows within a few steps (its EWMA weight
+        is 0.25 in the served tuning) and the probes on turnover re-measure it."""
+        del share
 
     def observe(self, k: int, counts: Sequence[int]) -> None:
         if not counts or k == 0:

@@ -15,21 +15,16 @@ keeps per-position acceptance estimates and returns the k with the highest predi
 (speculation off); the served step times of online calibration are ``step_times.py``.
 
 Online calibration (beyond the paper): an offline τ table times a bare forward, while a served
-step also pays the method's own work (masks, tree attention, acceptance), so the table can be
-far too optimistic for a given serving stack. With ``calibrate_steps > 0`` the controller also
-keeps ``StepTimes``, the lower quartile of recent served step times per batch-size bucket and
-k, reported by the worker (not a mean or a median: the first steps of a fresh server and host
-contention make steps several times slower, never faster, and T(0) and T(k) are measured at
-different times); once both T(k) and T(0) are measured in a bucket,
-S = λ(k)·T(0)/T(k) replaces equation 1 there (the measured T(k) already includes drafting, so
-δ is folded in). Without a table an unmeasured k is bounded by the step times of the smaller
-k measured so far (more tokens per request never cost less): it is probed only if that
-optimistic bound could beat k = 0, so a host where one draft already costs too much pays for
-measuring k = 1 only. τ(k) measured at a smaller batch size bounds it too (τ does not rise
-with batch size), so a new batch-size bucket -- a serving run passes through many while its
-batch fills and drains -- probes only the k that a smaller batch left worth trying. Periodic probes keep every estimate fresh: a probe of k = 0 refreshes
-T(0) while speculating, a probe of k > 0 refreshes its T(k) and α while speculation is off --
-at intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it.
+step also pays the method's own work (masks, tree attention, acceptance). With
+``calibrate_steps > 0`` the controller keeps ``StepTimes``, the lower quartile of recent served
+step times per batch-size bucket and k (not a mean: a fresh server's first steps and host
+contention make steps slower, never faster); once T(k) and T(0) are measured in a bucket,
+S = λ(k)·T(0)/T(k) replaces equation 1 there (δ folded into the measured T(k)). An unmeasured
+k is bounded by the step times of the smaller k measured so far, or of the same k at a
+smaller batch (more tokens per request never cost less, τ does not rise with batch size): it
+is probed only if that optimistic bound could beat k = 0. Periodic probes keep every estimate
+fresh: of k = 0 (T(0)) while speculating, of k > 0 (T(k) and α) while speculation is off, at
+intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it.
 """
 
 from __future__ import annotations
@@ -64,6 +59,9 @@ MAX_EXPLORE_BACKOFF = 8
 # With ``probe_on_turnover``: steps at k = 0 a turned-over batch runs before its probe (its
 # new requests' first tokens, committed plainly whatever the probe finds).
 TURNOVER_PROBE_STEPS = 2
+
+# Acceptance comes in bursts: the first probe after a switch off waits explore_every / this.
+QUICK_RETURN = 4
 
 
 @dataclass(frozen=True)
@@ -300,6 +298,8 @@ class SpeculationController:
                     best_rival = max(rivals, key=lambda d: d.predicted_speedup)
                     return self._start_probe(best_rival, batch_size)
             return decision
+        if self.num_steps_on:  # just switched off (``QUICK_RETURN``)
+            self.num_steps_off = every - every // QUICK_RETURN
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
             self.num_steps_off = 0
@@ -330,10 +330,11 @@ class SpeculationController:
         return None
 
     def batch_changed(self, joined: int, batch_size: int) -> None:
-        """The batch now holds ``batch_size`` requests, ``joined`` of them new
-        (``probe_on_turnover``)."""
+        """``joined`` of the batch's ``batch_size`` requests are new (``probe_on_turnover``):
+        acceptance renewed by their share (``AcceptanceModel.renew``), a turned-over batch probed."""
         if not self.config.probe_on_turnover:
             return
+        self.acceptance.renew(joined / batch_size if batch_size > 0 else 0.0)
         self._joined += joined
         every = self.config.explore_every
         turned_over = 2 * self._joined >= batch_size

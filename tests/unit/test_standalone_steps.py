@@ -161,3 +161,73 @@ def test_auto_relearns_deep_positions_after_a_poor_request() -> None:
         controller.observe_step(k, 1, seconds[k])
     assert history[280:300].count(1) >= 15, history[280:300]  # settled at 1 on the poor one
     assert history[-50:].count(3) >= 40, history[-50:]
+
+
+def test_a_new_request_is_expected_to_accept_like_the_population() -> None:
+    """At one request, a request whose drafts are all rejected turns drafting off; the next one
+    (the batch turned over) must not inherit its acceptance: renewed toward the population's
+    estimate on turnover, α lets its probe switch drafting back on, and a request whose drafts
+    are all accepted drafts on most of its steps."""
+    from sgl_spec.control.chain_steps import steps_controller
+
+    controller = steps_controller(3)
+    seconds = {0: 0.010, 1: 0.0133, 2: 0.0166, 3: 0.0199}  # a draft costs a third of a decode
+    drafting = []
+    for request in range(12):
+        poor = request % 3 == 2  # every third request rejects every draft
+        controller.batch_changed(1, 1)
+        committed, steps_on, steps = 0, 0, 0
+        while committed < 128:
+            k = controller.decide(1, 64).k
+            accepted = 0 if poor else k
+            if k:
+                controller.observe(k, [accepted])
+            controller.observe_step(k, 1, seconds[k])
+            committed += accepted + 1
+            steps_on += k > 0
+            steps += 1
+        drafting.append(steps_on / steps)
+    after_poor = [drafting[r] for r in (3, 6, 9)]  # full-acceptance requests right after
+    assert min(after_poor) >= 0.8, drafting
+    assert max(drafting[r] for r in (5, 8, 11)) <= 0.5, drafting  # the poor ones turn it off
+
+
+def test_renewal_waits_for_the_population_estimate() -> None:
+    """The first request's few probes are not a population: until a position has been observed
+    POPULATION_MIN_SEEN times, a new request keeps the running α (no pull toward the prior)."""
+    from sgl_spec.control.acceptance import POPULATION_MIN_SEEN, ChainAcceptance
+
+    model = ChainAcceptance([0.5, 0.5, 0.5], weight=0.05)
+    for _ in range(POPULATION_MIN_SEEN - 1):
+        model.observe(3, [3])
+    before = list(model.alphas)
+    model.renew(1.0)
+    assert model.alphas == before
+    model.observe(3, [3])
+    assert min(model.population) > 0.99  # a running mean, not an EWMA from the 0.5 prior
+    model.alphas = [0.2, 0.2, 0.2]  # a rejecting request left α low
+    model.renew(0.5)
+    assert all(abs(a - 0.6) < 0.01 for a in model.alphas), model.alphas
+
+
+def test_auto_probes_soon_after_a_burst_of_rejections() -> None:
+    """A stretch of text the draft cannot predict switches drafting off; the first probe comes
+    after explore_every / QUICK_RETURN steps (16), not explore_every (64): acceptance comes in
+    bursts, and the stretch may be over by then."""
+    from sgl_spec.control.chain_steps import steps_controller
+
+    controller = steps_controller(3)  # explore_every 64
+    seconds = {0: 0.010, 1: 0.0133, 2: 0.0166, 3: 0.0199}
+    history = []
+    for step in range(300):
+        k = controller.decide(1, 64).k
+        accepted = 0 if 150 <= step < 230 else k  # a burst of rejections at steps 150..229
+        if k:
+            controller.observe(k, [accepted])
+        controller.observe_step(k, 1, seconds[k])
+        history.append(k)
+    assert history[140:150].count(3) >= 8, history[140:150]  # drafting before the burst
+    # switched off in the burst (not a one-step refresh of the plain step time)
+    off = next(s for s in range(150, 230) if not any(history[s : s + 3]))
+    probe = next(s for s in range(off, 300) if history[s])
+    assert probe - off <= 16 + 1, (off, probe, history[150:])

@@ -60,9 +60,6 @@ MAX_EXPLORE_BACKOFF = 8
 # new requests' first tokens, committed plainly whatever the probe finds).
 TURNOVER_PROBE_STEPS = 2
 
-# Acceptance comes in bursts: the first probe after a switch off waits explore_every / this.
-QUICK_RETURN = 4
-
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -298,8 +295,6 @@ class SpeculationController:
                     best_rival = max(rivals, key=lambda d: d.predicted_speedup)
                     return self._start_probe(best_rival, batch_size)
             return decision
-        if self.num_steps_on:  # just switched off (``QUICK_RETURN``)
-            self.num_steps_off = every - every // QUICK_RETURN
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
             self.num_steps_off = 0

@@ -165,7 +165,7 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
                 f"--{flag.replace('_', '-')} {sizes[flag]}: {name} serves one rank on that axis"
                 + (f": {why}" if why else f" (sizes it serves above 1: {served or 'none'})")
             )
-        if launch.enable_dp_attention and "tp_size" not in algorithm.parallel:
+        if launch.enable_dp_attention:  # each splits its own attention work per rank
             raise ConfigError(f"--enable-dp-attention: {name} does not support DP attention")
     local = launch.local_ranks  # SGLang indexes the core lists by this node's rank
     if launch.device != "cpu" or launch.num_ranks == 1:

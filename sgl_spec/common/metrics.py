@@ -43,6 +43,17 @@ def _metric(kind: str, name: str, doc: str, labels: Sequence[str], **kwargs: Any
     return _METRICS[name]
 
 
+def _reports() -> bool:
+    """SGLang exports a tensor-parallel group's series from its first rank only: every rank
+    runs the same steps, so the others would count each step again."""
+    from sglang.srt.distributed.parallel_state import get_parallel
+
+    try:
+        return get_parallel().attn_tp_rank == 0
+    except RuntimeError:  # no rank written: a process outside SGLang's schedulers
+        return True
+
+
 @dataclass
 class IntervalStats:
     """What happened since the last decode log line."""
@@ -76,7 +87,7 @@ class SpecMetrics:
 
     def __init__(self, algorithm: str, server_args: Any) -> None:
         self.algorithm = algorithm
-        self.enabled = bool(getattr(server_args, "enable_metrics", False))
+        self.enabled = bool(getattr(server_args, "enable_metrics", False)) and _reports()
         model = getattr(server_args, "served_model_name", None) or getattr(
             server_args, "model_path", ""
         )

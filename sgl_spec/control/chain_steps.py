@@ -14,6 +14,7 @@ from typing import Any
 
 from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
+from sgl_spec.control.ranks import agreed_across_ranks
 from sgl_spec.flags import CHAIN_STEPS_MODES
 
 # A draft model's chain: probing while off every 64 steps, not 256 (``SERVED_TUNING``): a
@@ -40,7 +41,9 @@ class ChainSteps:
             raise ValueError(f"{flag} {mode} needs --speculative-num-steps >= 1")
         self.mode = mode
         self.max_steps = max_steps
-        self.controller: Any = steps_controller(max_steps) if mode == "auto" else None
+        self.controller: Any = agreed_across_ranks(
+            steps_controller(max_steps) if mode == "auto" else None
+        )
         self.steps = 0 if mode == "off" else max_steps  # the length chosen last
         self.lam = 1.0  # the controller's predicted tokens per request for it
         self._cycle = 0

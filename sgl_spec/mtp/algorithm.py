@@ -21,7 +21,7 @@ MTP_DEFAULT_K = "auto"
 class MtpLora(Algorithm):
     name = "MTP_LORA"
     cuda_graph_off_reason = "per-step LoRA gates"
-    parallel = frozenset({"dp_size"})
+    parallel = frozenset({"tp_size", "dp_size"})
     own_draft_shape = "--mtp-k"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:

@@ -9,14 +9,20 @@ shipped target ties its embedding to the LM head, so base rows must stay as they
 
 The gate is per forward: the worker sets it with ``GatedLoRA.gates(width, first_gated, ...)`` around
 the forward; outside that context every wrapped module is the base module. The layer shapes the
-wrappers rely on are checked at start-up with the patches (``patches/spec_internals.py``). Tensor parallelism is
-not supported (the worker refuses tp > 1 at start-up).
+wrappers rely on are checked at start-up with the patches (``patches/spec_internals.py``).
+
+Under tensor parallelism each rank holds its shard of the LoRA path, cut like the base layer it
+wraps: a column-parallel module (``qkv_proj``, ``gate_up_proj``) keeps the rows of ``B`` for its
+output shard (q, k and v heads, gate and up columns, KV heads replicated where the ranks
+outnumber them); a row-parallel one (``o_proj``, ``down_proj``) keeps the columns of ``A`` for its
+input shard, so ``x Aᵀ`` is a partial sum: all-reduced before ``B`` where the base layer reduces
+its output itself, added to the partial output where a later collective reduces both.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,16 +62,24 @@ class _Delta(nn.Module):
     matmuls per module instead of two per part and a concatenation."""
 
     def __init__(
-        self, factors: list[tuple[torch.Tensor, torch.Tensor]], scaling: float, dtype: torch.dtype
+        self,
+        factors: list[tuple[torch.Tensor, torch.Tensor]],
+        scaling: float,
+        dtype: torch.dtype,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
+        self.reduce = reduce  # all-reduce of the rank-wide partial sums (row-parallel, tp > 1)
         a = torch.cat([a for a, _ in factors], dim=0)  # [sum(rank), in]
         b = torch.block_diag(*[b for _, b in factors]) * scaling  # [sum(out), sum(rank)]
         self.a = nn.Parameter(a.to(dtype), requires_grad=False)
         self.b = nn.Parameter(b.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
-        return (x.to(self.a.dtype) @ self.a.t()) @ self.b.t()
+        low = x.to(self.a.dtype) @ self.a.t()
+        if self.reduce is not None:
+            low = self.reduce(low)
+        return low @ self.b.t()
 
 
 class GatedLoRA:
@@ -177,14 +191,16 @@ def install_gated_lora(
             for part in parts:
                 if part in config.target_modules:
                     lora = loaded.lora(i, part)
-                    a, b = lora.lora_A.detach(), lora.lora_B.detach()
+                    a, b = _rank_part(
+                        target, fused, part, lora.lora_A.detach(), lora.lora_B.detach()
+                    )
                 else:  # a projection the adapter leaves alone: zero delta
                     a = torch.zeros(config.rank, _in_dim(target))
                     b = torch.zeros(_out_sizes(target, len(parts))[parts.index(part)], config.rank)
                 factors.append((a.to(device, torch.float32), b.to(device, torch.float32)))
             _check_shapes(target, fused, parts, factors)
             name = f"{i}.{fused}"
-            adapter.deltas[name] = _Delta(factors, scaling, delta_dtype)
+            adapter.deltas[name] = _Delta(factors, scaling, delta_dtype, _partial_sum(target))
             _wrap_linear(target, adapter, name)
         dual = getattr(layer.mlp, "dual_gemm", None)
         if dual is not None:
@@ -203,6 +219,46 @@ def _gate_dual_gemm(dual: object, adapter: GatedLoRA) -> None:
         return not adapter._gate.active and base_can_run(*args, **kwargs)
 
     dual.can_run = can_run
+
+
+def _tp(module: nn.Module) -> tuple[int, int, object]:
+    """This rank, the number of ranks and the group of the base layer's tensor parallelism."""
+    group = getattr(module, "tp_group", None)
+    if group is None:
+        return 0, 1, None
+    return int(group.rank_in_group), int(group.world_size), group
+
+
+def _rank_part(
+    module: nn.Module, fused: str, part: str, a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slice of one projection's full LoRA factors that this rank's shard of ``module``
+    needs (the factors themselves with one rank)."""
+    rank, size, _ = _tp(module)
+    if size == 1:
+        return a, b
+    if fused in ("self_attn.o_proj", "mlp.down_proj"):  # row-parallel: input columns
+        width = _in_dim(module)
+        return a[:, rank * width : (rank + 1) * width], b
+    parts = FUSED_MODULES[fused]
+    rows = _out_sizes(module, len(parts))[parts.index(part)]
+    shard = rank
+    if part in ("k_proj", "v_proj"):  # KV heads are replicated where ranks outnumber them
+        shard = rank // int(getattr(module, "num_kv_head_replicas", 1) or 1)
+    return a, b[shard * rows : (shard + 1) * rows]
+
+
+def _partial_sum(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A row-parallel layer that all-reduces its own output gets a delta from every rank's
+    input shard: its rank-wide ``x Aᵀ`` is summed over the ranks first."""
+    _, size, group = _tp(module)
+    if size == 1 or not getattr(module, "input_is_parallel", False):
+        return None
+    if not getattr(module, "reduce_results", False):
+        return None  # the partial delta joins the partial output; a later collective sums both
+    if not hasattr(group, "all_reduce"):
+        raise ValueError(f"MTP_LORA: cannot all-reduce over {type(group).__name__}")
+    return group.all_reduce
 
 
 def _in_dim(module: nn.Module) -> int:

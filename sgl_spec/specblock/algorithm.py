@@ -20,7 +20,7 @@ from sgl_spec.specblock.settings import SpecBlockSettings, load_settings
 class SpecBlock(Algorithm):
     name = "SPECBLOCK"
     cuda_graph_off_reason = "data-dependent trees"
-    parallel = frozenset({"dp_size"})
+    parallel = frozenset({"tp_size", "dp_size"})
     own_draft_shape = "--specblock-k, --specblock-m and --specblock-max-nodes"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
@@ -35,6 +35,14 @@ class SpecBlock(Algorithm):
         return fill_unset_for_shipped(config, launch, self.name, defaults)
 
     def settings(self, config: SpecConfig, launch: LaunchArgs) -> SpecBlockSettings:
+        """Under tensor parallelism every rank runs its own replica of the drafter on the same
+        inputs, so all ranks grow the same tree; online adaptation trains in a background
+        thread, timed by each rank apart, and would let the replicas drift apart."""
+        if config.specblock_adapt and launch.tp_size > 1:
+            raise ValueError(
+                f"--specblock-adapt with --tp-size {launch.tp_size}: each tensor rank would"
+                " train its own copy of the drafter and their trees would differ; drop one"
+            )
         return load_settings(config, launch.model_path)
 
     def verify_shape(self, settings: SpecBlockSettings) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.controller import budget_controller
+from sgl_spec.control.ranks import agreed_across_ranks
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool
@@ -96,7 +97,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         fixed = 1 if settings.budget == "off" else settings.draft.max_nodes
         self.budgets = settings.budgets() if varied else (fixed,)
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
-        self.controller = (
+        self.controller = agreed_across_ranks(
             budget_controller(self.budgets, settings.budget_drafts())
             if settings.budget == "auto"
             else None

@@ -4,9 +4,9 @@
 ``--tp-size 2`` and ``--dp-size 2`` for ``none`` and STANDALONE_FULL (tiny models): the
 speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded float sums
 permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens 1-2
-follow the target's exact joint law. ``--dp-size 2`` for MTP_LORA and SPECBLOCK (shipped
-models): both replicas greedy-equal to the one-rank ``none`` server, and tokens 1-3 at
-T = 0.7 follow the law. Pearson chi-square with a simulated null, alpha = 1e-4 per server: a
+follow the target's exact joint law. ``--tp-size 2`` and ``--dp-size 2`` for MTP_LORA and
+SPECBLOCK (shipped models): greedy-equal to the one-rank ``none`` server (both replicas with
+dp = 2), and tokens 1-3 at T = 0.7 follow the law. Pearson chi-square with a simulated null, alpha = 1e-4 per server: a
 correct server fails 1 run in 10 000.
 
 SGLang seeds every data-parallel replica with the same ``--random-seed``: two replicas given
@@ -94,7 +94,7 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
         assert result.p_value > ALPHA / len(ranks), (rank, result)
 
 
-# MTP_LORA and SPECBLOCK under --dp-size 2, on the shipped target with their shipped adapter and
+# MTP_LORA and SPECBLOCK under --tp-size 2 and --dp-size 2, on the shipped target with their shipped adapter and
 # drafter (a draft only agrees with the target it was trained for, so drafts are accepted)
 SHIPPED_PROMPTS = [
     "def read_lines(path):\n    with open(path) as f:\n        return ",
@@ -110,14 +110,9 @@ DP_ALGORITHMS = {
 }
 
 
-def _shipped_greedy(server: Server, rank: int) -> list[dict]:
-    return server.generate(
-        {
-            "text": SHIPPED_PROMPTS,
-            "routed_dp_rank": rank,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 32},
-        }
-    )
+def _shipped_greedy(server: Server, rank: int | None) -> list[dict]:
+    body = {"text": SHIPPED_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 32}}
+    return server.generate(body if rank is None else {**body, "routed_dp_rank": rank})
 
 
 @pytest.fixture(scope="module")
@@ -139,47 +134,50 @@ def shipped_reference(tmp_path_factory) -> dict:
     return {"greedy": [o["output_ids"] for o in out], "ids": ids, "law": law}
 
 
+@pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
 @pytest.mark.parametrize("algorithm", sorted(DP_ALGORITHMS))
-def test_dp_replicas_of_our_algorithms_lossless(algorithm, shipped_reference, tmp_path):
-    """Each replica builds its own worker and speculative state: both serve the one-rank
-    ``none`` server's greedy ids (both workers' accepted drafts reach the one ``/metrics``),
-    and each one's samples of tokens 1-3 (drawn apart, on both replicas at once) follow the
-    target's law (alpha / 2 each)."""
-    args = ["--model-path", DEFAULT_TARGET, "--dp-size", "2",
+def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference, tmp_path):
+    """tp = 2: both ranks run the step rank 0's controller chose on their shard (MTP_LORA's
+    LoRA path sharded like its base layers, SPECBLOCK's drafter replicated); dp = 2: each
+    replica builds its own worker and speculative state. Either serves the one-rank ``none``
+    server's greedy ids (the workers' accepted drafts reach the one ``/metrics``, counted once
+    per step), and its samples of tokens 1-3 follow the target's law (with dp = 2 each
+    replica's, drawn apart on both at once, at alpha / 2 each)."""
+    args = ["--model-path", DEFAULT_TARGET, flag, "2",
             "--speculative-algorithm", algorithm, *DP_ALGORITHMS[algorithm]]  # fmt: skip
     server = Server([*args, "--enable-metrics"], tmp_path / f"{algorithm}.log")
+    ranks = (0, 1) if flag == "--dp-size" else (None,)
     try:
         accepted = "sglang:spec_position_accepted_total"
         before = total(scrape(server), accepted, algorithm=algorithm)
         verify_ct = drafts_in_responses = 0
-        for rank in (0, 1):
+        for rank in ranks:
             out = _shipped_greedy(server, rank)
             assert [o["output_ids"] for o in out] == shipped_reference["greedy"], rank
             for o in out:
                 meta = o["meta_info"]
                 verify_ct += meta["spec_verify_ct"]
                 drafts_in_responses += meta["completion_tokens"] - 1 - meta["spec_verify_ct"]
-        # our per-position series of both replicas' workers reach the one /metrics: accepted
-        # drafts at least those in the responses (a last step may accept drafts past
+        # accepted drafts at least those in the responses (a last step may accept drafts past
         # max_new_tokens that SGLang drops: at most one tree's depth per request)
         grown = total(scrape(server), accepted, algorithm=algorithm) - before
-        slack = 16 * 2 * len(SHIPPED_PROMPTS)
+        slack = 16 * len(ranks) * len(SHIPPED_PROMPTS)
         assert verify_ct > 0 and drafts_in_responses <= grown <= drafts_in_responses + slack
 
-        def law_of(rank: int) -> None:
+        def law_of(rank: int | None) -> None:
             assert_speculative_sampling_law(
                 server,
                 shipped_reference["ids"],
                 shipped_reference["law"],
                 temperature=SHIPPED_TEMPERATURE,
                 num_samples=NUM_SAMPLES,
-                alpha=ALPHA / 2,
+                alpha=ALPHA / len(ranks),
                 min_cells=20,
-                payload={"routed_dp_rank": rank},
+                payload={} if rank is None else {"routed_dp_rank": rank},
             )
 
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(law_of, (0, 1)))
+        with ThreadPoolExecutor(len(ranks)) as pool:
+            list(pool.map(law_of, ranks))
     finally:
         server.stop()
 

@@ -5,15 +5,12 @@ patch that keeps NCCL out of gloo groups; the launcher's core lists per rank."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from sgl_spec.cpu_kernels import collectives, registry
+from tests.helpers.gloo import run_two_ranks
 
 
 def _rank(rank: int, store_file: str, results: dict) -> None:
@@ -31,23 +28,12 @@ def _rank(rank: int, store_file: str, results: dict) -> None:
 
 
 def test_allreduce_and_allgather_over_two_ranks() -> None:
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as tmp, ctx.Manager() as manager:
-        results = manager.dict()
-        procs = [
-            ctx.Process(target=_rank, args=(r, os.path.join(tmp, "store"), results))
-            for r in range(2)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(120)
-        assert [p.exitcode for p in procs] == [0, 0]
-        expected = torch.arange(6, dtype=torch.float32).reshape(2, 3) * 3
-        for rank in range(2):
-            data, gathered = results[rank]
-            assert torch.equal(data, expected)
-            assert torch.equal(gathered, torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
+    results = run_two_ranks(_rank)
+    expected = torch.arange(6, dtype=torch.float32).reshape(2, 3) * 3
+    for rank in range(2):
+        data, gathered = results[rank]
+        assert torch.equal(data, expected)
+        assert torch.equal(gathered, torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
 
 
 def test_upstream_schemas() -> None:

@@ -206,6 +206,10 @@ SHAPES = {
     "MTP_LORA-tokens": (mtp("mtp", TOKENS, "4"), TOKENS),
     "SPECBLOCK-topk": (specblock("specblock", TOPK, "4"), TOPK),
     "SPECBLOCK-steps": (specblock("specblock", STEPS, "3"), STEPS),
+    "SPECBLOCK-adapt-tp": (
+        specblock("specblock", "--specblock-adapt", "--tp-size", "2"),
+        "--specblock-adapt",
+    ),
     "MINEDRAFT-topk": (minedraft("draft", TOPK, "2"), TOPK),
     "MINEDRAFT-tokens": (minedraft("draft", STEPS, "3", TOKENS, "6"), TOKENS),
     "MINEDRAFT-steps-0": (minedraft("draft", STEPS, "0"), STEPS),
@@ -222,7 +226,7 @@ for name, extra in DEVICES.items():
 PARALLEL = {"--tp-size": "2", "--pp-size": "2", "--dp-size": "2", "--enable-dp-attention": None}
 # the parallel sizes each serves above 1 (tests/e2e/test_parallel.py serves them)
 SERVED = {"STANDALONE": ("--tp-size", "--dp-size"), "STANDALONE_FULL": ("--tp-size", "--dp-size"),
-          "MTP_LORA": ("--dp-size",), "SPECBLOCK": ("--dp-size",)}  # fmt: skip
+          "MTP_LORA": ("--tp-size", "--dp-size"), "SPECBLOCK": ("--tp-size", "--dp-size")}  # fmt: skip
 for name, argv in GOOD.items():
     for flag, value in PARALLEL.items():
         extra = [flag] if value is None else [flag, value]
@@ -266,8 +270,8 @@ def test_bad_launch_is_refused_naming_the_flag(case, models) -> None:
 
 
 def test_a_parallel_flag_is_read_under_its_alias(models) -> None:
-    message = refusal(fill([*mtp("mtp", "--tensor-parallel-size", "2"), *CPU], models))
-    assert "--tp-size 2" in message and "MTP_LORA" in message
+    message = refusal(fill([*mtp("mtp", "--pipeline-parallel-size", "2"), *CPU], models))
+    assert "--pp-size 2" in message and "MTP_LORA" in message
 
 
 @pytest.mark.parametrize(

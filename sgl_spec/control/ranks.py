@@ -1,0 +1,55 @@
+"""One setting per step across tensor-parallel ranks.
+
+Every rank of a tensor-parallel group runs the same speculative step on its shard: the number
+of drafts or tree nodes must be the same on all of them, or their collectives would not meet.
+Each rank's controller sees the same acceptance but times its own steps, so their choices can
+differ; ``RankZeroDecides`` makes every rank run the setting rank 0's controller chose (one
+broadcast of an integer per decode step over the group's CPU channel). Every rank still feeds
+its own controller what it ran and how long it took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+
+class RankZeroDecides:
+    """A controller whose ``decide`` returns tensor-parallel rank 0's setting on every rank;
+    everything else is the wrapped controller's."""
+
+    def __init__(self, controller: Any, group: Any) -> None:
+        self._controller = controller
+        self._group = group  # SGLang's GroupCoordinator of the tensor-parallel ranks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._controller, name)
+
+    def decide(self, batch_size: int, ctx_len: int) -> Any:
+        local = self._controller.decide(batch_size, ctx_len)
+        chosen = torch.tensor([local.k], dtype=torch.int64)
+        torch.distributed.broadcast(
+            chosen, src=self._group.first_rank, group=self._group.cpu_group
+        )
+        k = int(chosen.item())
+        if k == local.k:
+            return local
+        return replace(self._controller.predict(k, batch_size, ctx_len), source="rank 0")
+
+
+def agreed_across_ranks(controller: Any) -> Any:
+    """``controller`` itself where this process is its tensor-parallel group's only rank (or
+    there is no controller); else wrapped so that rank 0 decides for all."""
+    if controller is None:
+        return None
+    from sglang.srt.distributed.parallel_state import get_parallel
+
+    try:
+        group = get_parallel().tp_group
+    except RuntimeError:  # no tensor-parallel group: a process outside SGLang's workers
+        return controller
+    if group.world_size <= 1:
+        return controller
+    return RankZeroDecides(controller, group)

@@ -30,9 +30,7 @@ class RankZeroDecides:
     def decide(self, batch_size: int, ctx_len: int) -> Any:
         local = self._controller.decide(batch_size, ctx_len)
         chosen = torch.tensor([local.k], dtype=torch.int64)
-        torch.distributed.broadcast(
-            chosen, src=self._group.first_rank, group=self._group.cpu_group
-        )
+        torch.distributed.broadcast(chosen, src=self._group.first_rank, group=self._group.cpu_group)
         k = int(chosen.item())
         if k == local.k:
             return local

@@ -39,9 +39,7 @@ class StandaloneFull(Algorithm):
 
         if launch.algorithm != NAME or config.standalone_steps is not None:
             return config
-        mode = default_steps_mode(
-            launch.eagle_topk, launch.tp_size, launch.overlap_schedule, launch.device
-        )
+        mode = default_steps_mode(launch.eagle_topk, launch.overlap_schedule, launch.device)
         return replace(config, standalone_steps=mode)
 
     def mark(self, config: SpecConfig) -> SpecConfig:
@@ -65,11 +63,6 @@ class StandaloneFull(Algorithm):
                 raise ValueError(
                     f"--standalone-steps {mode} chooses a chain's length: it needs"
                     f" --speculative-eagle-topk 1, got {launch.eagle_topk}"
-                )
-            if launch.tp_size > 1:
-                raise ValueError(
-                    f"--standalone-steps {mode}: each tensor rank would time its own steps and"
-                    " could choose another chain length; use fixed with --tp-size > 1"
                 )
         return launch.num_steps, launch.num_draft_tokens
 

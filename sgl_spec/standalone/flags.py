@@ -29,9 +29,10 @@ class StandaloneFlags:
         " states; 'fixed' drafts --speculative-num-steps tokens every step; 'cycle' takes 0 .."
         " --speculative-num-steps in turn, one step each (every switch exercised: for tests, not"
         " for serving); 'off' drafts nothing (the floor 'auto' falls back to; for measuring it)."
-        " Default: 'auto' where the launch runs its steps in order on one tensor rank with a"
-        " chain (every CPU launch: its defaults turn the overlap scheduler off), else 'fixed'"
-        " (a tree, --tp-size > 1, or SGLang's overlap scheduler, which 'auto' turns off).",
+        " Default: 'auto' where the launch runs its steps in order with a chain (every CPU"
+        " launch: its defaults turn the overlap scheduler off), else 'fixed' (a tree, or"
+        " SGLang's overlap scheduler, which 'auto' turns off). Under --tp-size > 1 tensor"
+        " rank 0 decides and every rank runs its choice.",
         choices=CHAIN_STEPS_MODES,
         requires="STANDALONE_FULL",
     )
@@ -40,12 +41,9 @@ class StandaloneFlags:
 FLAGS = StandaloneFlags
 
 
-def default_steps_mode(
-    eagle_topk: int | None, tp_size: int, overlap: bool | None, device: str
-) -> str:
+def default_steps_mode(eagle_topk: int | None, overlap: bool | None, device: str) -> str:
     """``--standalone-steps`` where the user gave none: the controller wherever it runs without
-    taking anything from the launch (a chain, one tensor rank -- every rank would time its own
-    steps and could choose another length -- and steps in order already: the overlap scheduler
+    taking anything from the launch (a chain, and steps in order already: the overlap scheduler
     off, or a CPU launch, whose defaults turn it off), else the fixed chain."""
     in_order = overlap is False or (overlap is None and device == "cpu")
-    return "auto" if eagle_topk in (None, 1) and tp_size == 1 and in_order else "fixed"
+    return "auto" if eagle_topk in (None, 1) and in_order else "fixed"

@@ -63,8 +63,10 @@ def _sample_pairs(server: Server, rank: int | None) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
 def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
-    """tp = 2 shards every layer (its ``none`` server is run too); dp = 2 runs two replicas
-    under SGLang's data-parallel controller, each with its own speculative state."""
+    """tp = 2 shards every layer (its ``none`` server is run too) and the chain's length is
+    the controller's (``--standalone-steps auto``, the default), chosen on rank 0 for both;
+    dp = 2 runs two replicas under SGLang's data-parallel controller, each with its own
+    speculative state."""
     target = ["--model-path", str(tiny_models["target"]), flag, "2"]
     reference = baseline_greedy["short"]
     if flag == "--tp-size":

@@ -374,9 +374,9 @@ def test_standalone_steps_run_steps_in_order(models) -> None:
 
 
 def test_standalone_steps_default_to_the_controller_where_it_runs(models, monkeypatch) -> None:
-    """Unset, ``--standalone-steps`` is auto on a CPU chain launch and fixed where auto would
-    change the launch (a tree, the overlap scheduler asked for) or cannot run (tensor ranks);
-    asked for explicitly there, auto is refused naming the flag."""
+    """Unset, ``--standalone-steps`` is auto on a CPU chain launch, tensor-parallel ones too
+    (rank 0 decides for every rank), and fixed where auto would change the launch (a tree,
+    the overlap scheduler asked for)."""
     from sgl_spec import algorithms
     from sgl_spec.standalone.flags import default_steps_mode
 
@@ -385,11 +385,10 @@ def test_standalone_steps_default_to_the_controller_where_it_runs(models, monkey
     overlap = fill([*GOOD["STANDALONE_FULL"], "--enable-overlap-schedule"], models)
     config, argv = prepare_launch(overlap)
     assert config.standalone_steps == "fixed" and "--disable-overlap-schedule" not in argv
-    assert default_steps_mode(2, 1, False, "cpu") == "fixed"  # a tree
-    assert default_steps_mode(1, 1, None, "cuda") == "fixed"  # SGLang's overlap default
-    assert default_steps_mode(None, 1, False, "cuda") == "auto"
+    assert default_steps_mode(2, False, "cpu") == "fixed"  # a tree
+    assert default_steps_mode(1, None, "cuda") == "fixed"  # SGLang's overlap default
+    assert default_steps_mode(None, False, "cuda") == "auto"
     monkeypatch.setattr(algorithms.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     tp = fill([*GOOD["STANDALONE_FULL"], "--tp-size", "2"], models)
-    assert prepare_launch(tp)[0].standalone_steps == "fixed"
-    assert "--standalone-steps" in refusal([*tp, "--standalone-steps", "auto"])
+    assert prepare_launch(tp)[0].standalone_steps == "auto"

@@ -6,4 +6,5 @@ running acceptance.
 - ``acceptance``: λ(k) per setting (a chain's per-position α, or per-budget estimates).
 - ``step_times``: served step times per batch-size bucket and setting (online calibration).
 - ``cost_model``: equation 1 of the large-batch paper and its measured γ-tolerance table.
+- ``ranks``: one setting per step across tensor-parallel ranks (rank 0's).
 """

@@ -40,20 +40,27 @@ def launch(argv: list[str], tmp_path: Path) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("algorithm", ["MTP_LORA", "SPECBLOCK", "MINEDRAFT"])
+# MTP_LORA and SPECBLOCK serve --tp-size above 1; --pp-s is SGLang's shortest unambiguous
+# abbreviation of --pp-size (--pp alone also starts two other flags)
+ABBREVIATED = {"MTP_LORA": ("--pp-s", "pp-size"), "SPECBLOCK": ("--pp-s", "pp-size"),
+               "MINEDRAFT": ("--tp", "tp-size")}  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", sorted(ABBREVIATED))
 def test_abbreviated_parallel_flag_is_refused(algorithm, tmp_path) -> None:
-    returncode, out = launch(["--speculative-algorithm", algorithm, "--tp", "2"], tmp_path)
+    given, flag = ABBREVIATED[algorithm]
+    returncode, out = launch(["--speculative-algorithm", algorithm, given, "2"], tmp_path)
     assert returncode != 0
-    assert f"{algorithm} supports --tp-size 1 only" in out, out[-3000:]
+    assert f"{algorithm} supports --{flag} 1 only" in out, out[-3000:]
     assert "Load weight" not in out  # refused before a model loads
 
 
 def test_parallel_setting_from_a_config_file_is_refused(tmp_path) -> None:
     config = tmp_path / "server.yaml"
-    config.write_text("tp-size: 2\n")
+    config.write_text("pp-size: 2\n")
     returncode, out = launch(
         ["--speculative-algorithm", "MTP_LORA", "--config", str(config)], tmp_path
     )
     assert returncode != 0
-    assert "MTP_LORA supports --tp-size 1 only" in out, out[-3000:]
+    assert "MTP_LORA supports --pp-size 1 only" in out, out[-3000:]
     assert "Load weight" not in out

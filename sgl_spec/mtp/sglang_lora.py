@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from sglang.srt.distributed.utils import get_group_rank_size
 from torch import nn
 
 # SGLang fused module -> the HF projections it concatenates, in output order.
@@ -221,20 +222,12 @@ def _gate_dual_gemm(dual: object, adapter: GatedLoRA) -> None:
     dual.can_run = can_run
 
 
-def _tp(module: nn.Module) -> tuple[int, int, object]:
-    """This rank, the number of ranks and the group of the base layer's tensor parallelism."""
-    group = getattr(module, "tp_group", None)
-    if group is None:
-        return 0, 1, None
-    return int(group.rank_in_group), int(group.world_size), group
-
-
 def _rank_part(
     module: nn.Module, fused: str, part: str, a: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The slice of one projection's full LoRA factors that this rank's shard of ``module``
     needs (the factors themselves with one rank)."""
-    rank, size, _ = _tp(module)
+    rank, size = get_group_rank_size(getattr(module, "tp_group", None))
     if size == 1:
         return a, b
     if fused in ("self_attn.o_proj", "mlp.down_proj"):  # row-parallel: input columns
@@ -251,7 +244,8 @@ def _rank_part(
 def _partial_sum(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A row-parallel layer that all-reduces its own output gets a delta from every rank's
     input shard: its rank-wide ``x Aᵀ`` is summed over the ranks first."""
-    _, size, group = _tp(module)
+    group = getattr(module, "tp_group", None)
+    _, size = get_group_rank_size(group)
     if size == 1 or not getattr(module, "input_is_parallel", False):
         return None
     if not getattr(module, "reduce_results", False):

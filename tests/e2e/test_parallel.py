@@ -6,8 +6,8 @@ speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded 
 permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens 1-2
 follow the target's exact joint law. ``--tp-size 2`` and ``--dp-size 2`` for MTP_LORA and
 SPECBLOCK (shipped models): greedy-equal to the one-rank ``none`` server (both replicas with
-dp = 2), and tokens 1-3 at T = 0.7 follow the law. Pearson chi-square with a simulated null, alpha = 1e-4 per server: a
-correct server fails 1 run in 10 000.
+dp = 2), and tokens 1-3 at T = 0.7 follow the law. Pearson chi-square with a simulated null,
+alpha = 1e-4 per server: a correct server fails 1 run in 10 000.
 
 SGLang seeds every data-parallel replica with the same ``--random-seed``: two replicas given
 the same batch draw the same samples (a round-robin batch comes back as identical pairs), so
@@ -96,8 +96,9 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
         assert result.p_value > ALPHA / len(ranks), (rank, result)
 
 
-# MTP_LORA and SPECBLOCK under --tp-size 2 and --dp-size 2, on the shipped target with their shipped adapter and
-# drafter (a draft only agrees with the target it was trained for, so drafts are accepted)
+# MTP_LORA and SPECBLOCK under --tp-size 2 and --dp-size 2, on the shipped target with their
+# shipped adapter and drafter (a draft only agrees with the target it was trained for, so
+# drafts are accepted)
 SHIPPED_PROMPTS = [
     "def read_lines(path):\n    with open(path) as f:\n        return ",
     "import os\nimport sys\n",
@@ -106,7 +107,7 @@ SHIPPED_PROMPTS = [
 ]
 SHIPPED_SAMPLING_PROMPT = "def __init__(self"
 SHIPPED_TEMPERATURE = 0.7
-DP_ALGORITHMS = {
+TWO_RANK_ALGORITHMS = {
     "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
     "SPECBLOCK": ["--max-running-requests", "256"],
 }
@@ -137,7 +138,7 @@ def shipped_reference(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
-@pytest.mark.parametrize("algorithm", sorted(DP_ALGORITHMS))
+@pytest.mark.parametrize("algorithm", sorted(TWO_RANK_ALGORITHMS))
 def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference, tmp_path):
     """tp = 2: both ranks run the step rank 0's controller chose on their shard (MTP_LORA's
     LoRA path sharded like its base layers, SPECBLOCK's drafter replicated); dp = 2: each
@@ -146,7 +147,7 @@ def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference
     per step), and its samples of tokens 1-3 follow the target's law (with dp = 2 each
     replica's, drawn apart on both at once, at alpha / 2 each)."""
     args = ["--model-path", DEFAULT_TARGET, flag, "2",
-            "--speculative-algorithm", algorithm, *DP_ALGORITHMS[algorithm]]  # fmt: skip
+            "--speculative-algorithm", algorithm, *TWO_RANK_ALGORITHMS[algorithm]]  # fmt: skip
     server = Server([*args, "--enable-metrics"], tmp_path / f"{algorithm}.log")
     ranks = (0, 1) if flag == "--dp-size" else (None,)
     try:

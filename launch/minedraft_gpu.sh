@@ -4,7 +4,7 @@
 # usage: launch/minedraft_gpu.sh [TARGET [DRAFT]] [extra sglang / sgl-spec flags...]
 #   TARGET: a model directory, hub id or shipped name (default: the shipped sgl-spec/tiny-code)
 #   DRAFT: the draft LM; needed with a TARGET of your own (shipped: sgl-spec/tiny-code-draft-narrow)
-#   TP: N, the target's tensor-parallel size (default 1; MINEDRAFT refuses N > 1 for now)
+#   TP: N, the target's tensor-parallel size (default 1)
 #   GPU: the target's first GPU (default 0); DRAFT_DEVICE: the draft server's (cuda:GPU+N)
 #   NUM_STEPS: drafts per request per step, a chain (default 3)
 # env: HOST (127.0.0.1), PORT (30000), PYTHON (.venv/bin/python); --dry-run or DRY_RUN=1

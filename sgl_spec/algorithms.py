@@ -185,19 +185,39 @@ def check_parallel(launch: LaunchArgs, algorithm: Algorithm | None) -> None:
         )
 
 
-def rank_cores(num_ranks: int, environ: dict[str, str], local_ranks: int | None = None) -> None:
+def cores_set_apart(
+    config: SpecConfig | None, launch: LaunchArgs, environ: dict[str, str]
+) -> list[int]:
+    """The cores the chosen algorithm keeps for processes of its own beside the target's
+    ranks (``Algorithm.cpu_cores_apart``: MINEDRAFT's draft servers); none without one."""
+    algorithm = find(launch.algorithm) if config is not None else None
+    if algorithm is None:
+        return []
+    try:
+        return algorithm.cpu_cores_apart(config, launch, environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def rank_cores(
+    num_ranks: int,
+    environ: dict[str, str],
+    local_ranks: int | None = None,
+    apart: list[int] | None = None,
+) -> None:
     """SGLang's CPU engine binds one rank per NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND``
     gives each rank its cores (and asserts at start when all nodes' ``num_ranks`` outnumber
-    this host's NUMA nodes): where the user set nothing and they do, split this process's cores
-    into one contiguous list per rank it runs (``local_ranks``, default all: ``0-7|8-15``)."""
+    this host's NUMA nodes): where the user set nothing and they do, or an algorithm keeps
+    cores ``apart`` for processes of its own, split this process's other cores into one
+    contiguous list per rank it runs (``local_ranks``, default all: ``0-7|8-15``)."""
     if num_ranks <= 1 or (environ.get(CPU_BIND_ENV) or "all") != "all":
         return
     from sglang.srt.utils.common import get_cpu_ids_by_node
 
-    if num_ranks <= (len(get_cpu_ids_by_node()) or 1):
+    if not apart and num_ranks <= (len(get_cpu_ids_by_node()) or 1):
         return
     local = num_ranks if local_ranks is None else local_ranks
-    cores = sorted(os.sched_getaffinity(0))
+    cores = sorted(set(os.sched_getaffinity(0)) - set(apart or ()))
     share, extra = divmod(len(cores), local)
     lists, start = [], 0
     for rank in range(local):

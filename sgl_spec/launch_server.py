@@ -44,7 +44,9 @@ def checkpoint_dtype(model_path: str | None) -> str | None:
     return value.removeprefix("torch.") if isinstance(value, str) else None
 
 
-def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
+def apply_cpu_defaults(
+    argv: list[str], environ: dict[str, str], config: SpecConfig | None = None
+) -> list[str]:
     """SGLang's CPU-engine settings, each only where the user did not choose otherwise.
 
     A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
@@ -60,11 +62,12 @@ def apply_cpu_defaults(argv: list[str], environ: dict[str, str]) -> list[str]:
     ):
         argv += ["--dtype", "float32"]
     environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    from sgl_spec.algorithms import rank_cores
+    from sgl_spec.algorithms import cores_set_apart, rank_cores
     from sgl_spec.argv import LaunchArgs
 
     launch = LaunchArgs.from_argv(argv)
-    rank_cores(launch.num_ranks, environ, launch.local_ranks)
+    apart = cores_set_apart(config, launch, environ)
+    rank_cores(launch.num_ranks, environ, launch.local_ranks, apart)
     for name, value in CPU_MALLOC_ENV.items():
         environ.setdefault(name, value)
     if not has_flag(argv, "--attention-backend"):
@@ -136,7 +139,7 @@ def apply_cuda_fallback_defaults(
 def build_sglang_argv(argv: list[str], config: SpecConfig, environ: dict[str, str]) -> list[str]:
     cpu = is_cpu_host()
     if config.cpu_defaults == "on" or (config.cpu_defaults == "auto" and cpu):
-        return apply_cpu_defaults(argv, environ)
+        return apply_cpu_defaults(argv, environ, config)
     if not cpu and sgl_kernel_stands_in():
         argv = apply_cuda_fallback_defaults(argv, environ)
     return argv

@@ -84,6 +84,14 @@ class Algorithm(ABC):
         del settings, dtype
         return 0
 
+    def cpu_cores_apart(self, config: Any, launch: Any, environ: dict[str, str]) -> list[int]:
+        """With two target ranks or more on a CPU host: the cores processes of its own take
+        beside the ranks (which the launcher's per-rank core lists then leave out), recorded in
+        ``environ`` for its workers; ``ValueError`` naming the flag if they cannot fit. None
+        by default."""
+        del config, launch, environ
+        return []
+
     @abstractmethod
     def worker_class(self) -> type:
         """The worker SGLang's scheduler builds around the target worker."""

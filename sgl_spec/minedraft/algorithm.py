@@ -20,6 +20,9 @@ class MineDraft(Algorithm):
     # or the last GPU: settings.py)
     shipped_argv = {"--speculative-num-steps": "3"}
     cuda_graph_off_reason = "the batch is split every step"
+    # tp: rank 0 drives the replica's one draft server and shares its drafts (rank_link.py);
+    # dp: each replica has its own draft server on its own device (settings.py)
+    parallel = frozenset({"tp_size", "dp_size"})
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
         """Hosting a SpecBlock drafter on the shipped target: the shipped drafter."""
@@ -43,6 +46,14 @@ class MineDraft(Algorithm):
                 f" = {settings.width} for a chain, got {launch.num_draft_tokens}"
             )
         return settings
+
+    def cpu_cores_apart(
+        self, config: SpecConfig, launch: LaunchArgs, environ: dict[str, str]
+    ) -> list[int]:
+        """Each replica's ``cpu:N`` draft server: N cores the ranks leave alone."""
+        from sgl_spec.minedraft.settings import plan_draft_cores
+
+        return plan_draft_cores(config.speculative_draft_device, launch, environ)
 
     def verify_shape(self, settings: MineDraftSettings) -> tuple[int, int]:
         return settings.num_steps, settings.width

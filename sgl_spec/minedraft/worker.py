@@ -29,6 +29,11 @@ verify capture them as SPECBLOCK does into a cache with one row per target KV lo
 its last job, read through its ``req_to_token`` row: radix-cache hits and requests re-sent after
 a draft-server restart find their rows there.
 
+With ``--tp-size N`` every tensor rank runs this worker on its shard and the same plan; rank 0
+alone talks to the replica's draft server and every rank verifies the drafts it shares
+(``rank_link.py``); the drafts per request, when the controller chooses them, are rank 0's too
+(``control/ranks.py``). With ``--dp-size N`` each replica has its own worker and draft server.
+
 This module is the worker and its two-phase step. Starting the draft server (and splitting the
 cores with a ``cpu:N`` one) is ``draft_launch.py``; how a batch is split into phases and their
 results merged back is ``phases.py``.
@@ -48,7 +53,7 @@ from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.chain_steps import ChainSteps
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
-from sgl_spec.minedraft.draft_launch import start_draft_link
+from sgl_spec.minedraft.draft_launch import start_ranked_link
 from sgl_spec.minedraft.feature_cache import TargetFeatureCache
 from sgl_spec.minedraft.info import MineDraftDraftInput
 from sgl_spec.minedraft.link import DraftJob
@@ -84,8 +89,9 @@ class MineDraftWorker(TargetWrappingWorker):
         self._step = 0  # draft requests sent (ids for the draft server)
         # Metrics line every --decode-log-interval phases (SGLang's decode log cadence).
         self.log_every = max(1, int(getattr(server_args, "decode_log_interval", 40) or 40))
-        self.link = start_draft_link(self.settings, server_args)
-        self.link.on_restart = self.metrics.set_restarts
+        # rank 0's draft server, its drafts shared with every tensor rank (rank_link.py)
+        self.link = start_ranked_link(self.settings, server_args, self.vocab_size)
+        self.link.on_restart(self.metrics.set_restarts)
         self.set_verify_shape(self.settings.num_steps, self.width)
         # drafts verified per request each step (--minedraft-steps); the controller, if auto
         self.steps = ChainSteps(settings.steps_mode, settings.num_steps, "--minedraft-steps")
@@ -260,8 +266,7 @@ class MineDraftWorker(TargetWrappingWorker):
         if got is None:
             return 0.0
         drafts, draft_s = got
-        if self.link.check_output(drafts, self.vocab_size, self.settings.num_steps):
-            self._drafts.update(drafts)
+        self._drafts.update(drafts)
         return draft_s
 
     def _take_drafts(self, req) -> np.ndarray | None:

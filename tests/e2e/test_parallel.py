@@ -110,6 +110,7 @@ SHIPPED_TEMPERATURE = 0.7
 TWO_RANK_ALGORITHMS = {
     "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
     "SPECBLOCK": ["--max-running-requests", "256"],
+    "MINEDRAFT": ["--max-running-requests", "256"],
 }
 
 
@@ -137,14 +138,23 @@ def shipped_reference(tmp_path_factory) -> dict:
     return {"greedy": [o["output_ids"] for o in out], "ids": ids, "law": law}
 
 
+def _draft_servers(server: Server) -> int:
+    """MINEDRAFT draft-server processes under ``server``."""
+    import psutil
+
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    return sum("sgl_spec.minedraft.draft_server" in " ".join(c.cmdline()) for c in children)
+
+
 @pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
 @pytest.mark.parametrize("algorithm", sorted(TWO_RANK_ALGORITHMS))
 def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference, tmp_path):
     """tp = 2: both ranks run the step rank 0's controller chose on their shard (MTP_LORA's
-    LoRA path sharded like its base layers, SPECBLOCK's drafter replicated); dp = 2: each
-    replica builds its own worker and speculative state. Either serves the one-rank ``none``
-    server's greedy ids (the workers' accepted drafts reach the one ``/metrics``, counted once
-    per step), and its samples of tokens 1-3 follow the target's law (with dp = 2 each
+    LoRA path sharded like its base layers, SPECBLOCK's drafter replicated, MINEDRAFT's one
+    draft server driven by rank 0, which shares its drafts); dp = 2: each replica builds its
+    own worker and speculative state (MINEDRAFT: its own draft server). Either serves the
+    one-rank ``none`` server's greedy ids (the workers' accepted drafts reach the one
+    ``/metrics``, counted once per step), and its samples of tokens 1-3 follow the target's law (with dp = 2 each
     replica's, drawn apart on both at once, at alpha / 2 each)."""
     args = ["--model-path", DEFAULT_TARGET, flag, "2",
             "--speculative-algorithm", algorithm, *TWO_RANK_ALGORITHMS[algorithm]]  # fmt: skip
@@ -165,7 +175,9 @@ def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference
         # max_new_tokens that SGLang drops: at most one tree's depth per request)
         grown = total(scrape(server), accepted, algorithm=algorithm) - before
         slack = 16 * len(ranks) * len(SHIPPED_PROMPTS)
-        assert verify_ct > 0 and drafts_in_responses <= grown <= drafts_in_responses + slack
+        assert verify_ct > 0 and 0 < drafts_in_responses <= grown <= drafts_in_responses + slack
+        if algorithm == "MINEDRAFT":  # one draft server per replica, none per extra tensor rank
+            assert _draft_servers(server) == len(ranks)
 
         def law_of(rank: int | None) -> None:
             assert_speculative_sampling_law(

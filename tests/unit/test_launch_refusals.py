@@ -220,13 +220,17 @@ DEVICES = {
     "MINEDRAFT-cuda7": ["--speculative-draft-device", "cuda:7"],
     "MINEDRAFT-cpu99": ["--speculative-draft-device", "cpu:99"],
     "MINEDRAFT-all-cores": ["--speculative-draft-device", f"cpu:{NUM_CORES}"],
+    # two ranks keep a core each: a draft server of all but one core does not fit beside them
+    "MINEDRAFT-tp-cores": ["--tp-size", "2", "--speculative-draft-device", f"cpu:{NUM_CORES - 1}"],
 }
 for name, extra in DEVICES.items():
     CASES[name] = (minedraft("draft", *extra), "--speculative-draft-device")
 PARALLEL = {"--tp-size": "2", "--pp-size": "2", "--dp-size": "2", "--enable-dp-attention": None}
 # the parallel sizes each serves above 1 (tests/e2e/test_parallel.py serves them)
 SERVED = {"STANDALONE": ("--tp-size", "--dp-size"), "STANDALONE_FULL": ("--tp-size", "--dp-size"),
-          "MTP_LORA": ("--tp-size", "--dp-size"), "SPECBLOCK": ("--tp-size", "--dp-size")}  # fmt: skip
+          "MTP_LORA": ("--tp-size", "--dp-size"), "SPECBLOCK": ("--tp-size", "--dp-size"),
+          "MINEDRAFT": ("--tp-size", "--dp-size"),
+          "MINEDRAFT-specblock": ("--tp-size", "--dp-size")}  # fmt: skip
 for name, argv in GOOD.items():
     for flag, value in PARALLEL.items():
         extra = [flag] if value is None else [flag, value]
@@ -299,7 +303,7 @@ def test_gpus_the_host_lacks(monkeypatch) -> None:
     cuda = [ALG, "MINEDRAFT", "--device", "cuda", "--speculative-draft-device"]
     assert prepare_launch([*cuda, "cpu"])  # the draft server on the CPU: fine
     assert "this host has 1 GPU" in refusal([*cuda, "cuda:7"])
-    assert "is the target's GPU" in refusal([*cuda, "cuda:0"])
+    assert "is one of the target's GPUs" in refusal([*cuda, "cuda:0"])
     assert "--base-gpu-id 3" in refusal([*cuda, "cpu", "--base-gpu-id", "3"])
 
 

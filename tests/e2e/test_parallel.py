@@ -138,14 +138,6 @@ def shipped_reference(tmp_path_factory) -> dict:
     return {"greedy": [o["output_ids"] for o in out], "ids": ids, "law": law}
 
 
-def _draft_servers(server: Server) -> int:
-    """MINEDRAFT draft-server processes under ``server``."""
-    import psutil
-
-    children = psutil.Process(server.proc.pid).children(recursive=True)
-    return sum("sgl_spec.minedraft.draft_server" in " ".join(c.cmdline()) for c in children)
-
-
 @pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])
 @pytest.mark.parametrize("algorithm", sorted(TWO_RANK_ALGORITHMS))
 def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference, tmp_path):
@@ -177,7 +169,7 @@ def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference
         slack = 16 * len(ranks) * len(SHIPPED_PROMPTS)
         assert verify_ct > 0 and 0 < drafts_in_responses <= grown <= drafts_in_responses + slack
         if algorithm == "MINEDRAFT":  # one draft server per replica, none per extra tensor rank
-            assert _draft_servers(server) == len(ranks)
+            assert server.draft_servers() == len(ranks)
 
         def law_of(rank: int | None) -> None:
             assert_speculative_sampling_law(

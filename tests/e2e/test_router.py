@@ -1,5 +1,6 @@
 """Replicas behind SGLang's own router (``sglang-router``, pinned in pyproject's test extras):
-two STANDALONE_FULL servers launched through sgl-spec's launcher, the router in front with
+two STANDALONE_FULL or two MINEDRAFT servers (each with its own draft server) launched through
+sgl-spec's launcher, the router in front with
 round-robin, mixed traffic through it (``/generate`` one by one and concurrent,
 ``/v1/completions``);
 every greedy response equals the non-speculative server's, and both replicas served."""
@@ -78,15 +79,18 @@ def _requests_served(server: Server) -> float:
     )
 
 
+@pytest.mark.parametrize("algorithm", ["STANDALONE_FULL", "MINEDRAFT"])
 def test_two_replicas_behind_the_router_serve_greedy_equal(
-    tiny_models, baseline_greedy, tmp_path
+    algorithm, tiny_models, baseline_greedy, tmp_path
 ) -> None:
     args = ["--model-path", str(tiny_models["target"]), "--speculative-algorithm",
-            "STANDALONE_FULL", "--speculative-draft-model-path", str(tiny_models["draft"]),
+            algorithm, "--speculative-draft-model-path", str(tiny_models["draft"]),
             *CHAIN, "--enable-metrics"]  # fmt: skip
     replicas = [Server(args, tmp_path / f"replica{i}.log") for i in range(2)]
     router = None
     try:
+        if algorithm == "MINEDRAFT":  # one draft server per replica
+            assert [s.draft_servers() for s in replicas] == [1, 1]
         router = Router([s.url for s in replicas], tmp_path / "router.log")
         expected = baseline_greedy["short"]
         singles = [router.post("/generate", {"text": p, "sampling_params": GREEDY})

@@ -45,6 +45,13 @@ class Server(ServerProcess):
     def tail(self, num_lines: int = 60) -> str:
         return tail(self.log_path, num_lines)
 
+    def draft_servers(self) -> int:
+        """MINEDRAFT draft-server processes under this server."""
+        import psutil
+
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        return sum("sgl_spec.minedraft.draft_server" in " ".join(c.cmdline()) for c in children)
+
     def generate(self, payload: dict, timeout: float = 600.0) -> dict | list:
         resp = requests.post(self.url + "/generate", json=payload, timeout=timeout)
         resp.raise_for_status()

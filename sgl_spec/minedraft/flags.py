@@ -15,9 +15,10 @@ class MineDraftFlags:
     speculative_draft_device: str | None = flag(
         None,
         "--speculative-draft-device",
-        "MINEDRAFT: device of the draft-server process: cuda:N (a GPU of its own), or on"
-        " a CPU host cpu:N (the last N cores, which the target then leaves alone) or cpu."
-        " Default: the last GPU if there are two or more, else cpu:1.",
+        "MINEDRAFT: device of the draft-server process (one per --dp-size replica): cuda:N"
+        " (a GPU of its own), or on a CPU host cpu:N (the last N cores, N per replica, which"
+        " the target's ranks then leave alone) or cpu. Default: the last GPU the target's"
+        " ranks leave free, else cpu:1 where the ranks keep a core each, else cpu.",
         requires="MINEDRAFT",
     )
     minedraft_drafter: str = flag(

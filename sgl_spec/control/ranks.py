@@ -37,17 +37,20 @@ class RankZeroDecides:
         return replace(self._controller.predict(k, batch_size, ctx_len), source="rank 0")
 
 
-def agreed_across_ranks(controller: Any) -> Any:
-    """``controller`` itself where this process is its tensor-parallel group's only rank (or
-    there is no controller); else wrapped so that rank 0 decides for all."""
-    if controller is None:
-        return None
+def tensor_parallel_group() -> Any:
+    """SGLang's tensor-parallel GroupCoordinator of this process when it has two ranks or more,
+    else None (one rank, or a process outside SGLang's workers)."""
     from sglang.srt.distributed.parallel_state import get_parallel
 
     try:
         group = get_parallel().tp_group
     except RuntimeError:  # no tensor-parallel group: a process outside SGLang's workers
-        return controller
-    if group.world_size <= 1:
-        return controller
-    return RankZeroDecides(controller, group)
+        return None
+    return group if group.world_size > 1 else None
+
+
+def agreed_across_ranks(controller: Any) -> Any:
+    """``controller`` itself where this process is its tensor-parallel group's only rank (or
+    there is no controller); else wrapped so that rank 0 decides for all."""
+    group = None if controller is None else tensor_parallel_group()
+    return controller if group is None else RankZeroDecides(controller, group)

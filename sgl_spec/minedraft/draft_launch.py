@@ -17,11 +17,12 @@ import uuid
 
 import torch
 
+from sgl_spec.control.ranks import tensor_parallel_group
 from sgl_spec.minedraft.client import DraftServerClient
 from sgl_spec.minedraft.link import DraftLink
 from sgl_spec.minedraft.messages import Hello
-from sgl_spec.minedraft.rank_link import RankedLink, tensor_group
-from sgl_spec.minedraft.settings import DRAFT_CORES_ENV, MineDraftSettings
+from sgl_spec.minedraft.rank_link import RankedLink
+from sgl_spec.minedraft.settings import DRAFT_CORES_ENV, MineDraftSettings, parse_cpu_list
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def start_ranked_link(settings: MineDraftSettings, server_args, vocab_size: int)
     (on the replica's device), the other ranks receive its drafts."""
     from sglang.srt.distributed.parallel_state import get_parallel
 
-    group = tensor_group()
+    group = tensor_parallel_group()
     link = None
     if group is None or group.rank_in_group == 0:
         try:
@@ -48,7 +49,7 @@ def replica_cores(dp_rank: int) -> list[int] | None:
     lists = [part for part in os.environ.get(DRAFT_CORES_ENV, "").split("|") if part]
     if not lists:
         return None
-    return [int(core) for core in lists[dp_rank % len(lists)].split(",")]
+    return sorted(parse_cpu_list(lists[dp_rank % len(lists)]))
 
 
 def start_draft_link(

@@ -77,15 +77,3 @@ class RankedLink:
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
-
-
-def tensor_group() -> Any:
-    """SGLang's tensor-parallel group of this scheduler when it has two ranks or more, else
-    None (one rank, or a process outside SGLang's workers)."""
-    from sglang.srt.distributed.parallel_state import get_parallel
-
-    try:
-        group = get_parallel().tp_group
-    except RuntimeError:
-        return None
-    return group if group.world_size > 1 else None

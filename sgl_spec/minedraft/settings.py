@@ -140,14 +140,15 @@ def plan_draft_cores(
     cores = sorted(os.sched_getaffinity(0))
     replicas = -(-launch.dp_size // launch.nnodes)
     taken = spec.index * replicas
+    need = taken + launch.local_ranks
     bind = (environ.get(BIND_ENV) or "all").strip()
-    if draft_device is None and (bind != "all" or taken + launch.local_ranks > len(cores)):
+    if draft_device is None and (bind != "all" or need > len(cores)):
         return []
-    if taken + launch.local_ranks > len(cores):
+    if need > len(cores):
         raise ValueError(
             f"--speculative-draft-device {draft_device}: {replicas} draft server(s) of"
             f" {spec.index} core(s) beside {launch.local_ranks} target rank(s) need"
-            f" {taken + launch.local_ranks} cores; this process may use {len(cores)}"
+            f" {need} cores; this process may use {len(cores)}"
         )
     mine = cores[len(cores) - taken :]
     if bind != "all":

@@ -4,9 +4,9 @@
 ``--tp-size 2`` and ``--dp-size 2`` for ``none`` and STANDALONE_FULL (tiny models): the
 speculative server's greedy ids equal the tp = 2 ``none`` server's and (sharded float sums
 permitting, as on this tiny fp32 target) the one-rank server's; its T = 1 samples of tokens 1-2
-follow the target's exact joint law. ``--tp-size 2`` and ``--dp-size 2`` for MTP_LORA and
-SPECBLOCK (shipped models): greedy-equal to the one-rank ``none`` server (both replicas with
-dp = 2), and tokens 1-3 at T = 0.7 follow the law. Pearson chi-square with a simulated null,
+follow the target's exact joint law. ``--tp-size 2`` and ``--dp-size 2`` for MTP_LORA,
+SPECBLOCK and MINEDRAFT (shipped models): greedy-equal to the one-rank ``none`` server (both
+replicas with dp = 2), and tokens 1-3 at T = 0.7 follow the law. Pearson chi-square with a simulated null,
 alpha = 1e-4 per server: a correct server fails 1 run in 10 000.
 
 SGLang seeds every data-parallel replica with the same ``--random-seed``: two replicas given
@@ -96,8 +96,8 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
         assert result.p_value > ALPHA / len(ranks), (rank, result)
 
 
-# MTP_LORA and SPECBLOCK under --tp-size 2 and --dp-size 2, on the shipped target with their
-# shipped adapter and drafter (a draft only agrees with the target it was trained for, so
+# MTP_LORA, SPECBLOCK and MINEDRAFT under --tp-size 2 and --dp-size 2, on the shipped target
+# with their shipped adapter and drafters (a draft only agrees with the target it was trained for, so
 # drafts are accepted)
 SHIPPED_PROMPTS = [
     "def read_lines(path):\n    with open(path) as f:\n        return ",
@@ -146,8 +146,8 @@ def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference
     draft server driven by rank 0, which shares its drafts); dp = 2: each replica builds its
     own worker and speculative state (MINEDRAFT: its own draft server). Either serves the
     one-rank ``none`` server's greedy ids (the workers' accepted drafts reach the one
-    ``/metrics``, counted once per step), and its samples of tokens 1-3 follow the target's law (with dp = 2 each
-    replica's, drawn apart on both at once, at alpha / 2 each)."""
+    ``/metrics``, counted once per step), and its samples of tokens 1-3 follow the target's
+    law (with dp = 2 each replica's, drawn apart on both at once, at alpha / 2 each)."""
     args = ["--model-path", DEFAULT_TARGET, flag, "2",
             "--speculative-algorithm", algorithm, *TWO_RANK_ALGORITHMS[algorithm]]  # fmt: skip
     server = Server([*args, "--enable-metrics"], tmp_path / f"{algorithm}.log")

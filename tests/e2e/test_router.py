@@ -1,9 +1,8 @@
 """Replicas behind SGLang's own router (``sglang-router``, pinned in pyproject's test extras):
 two STANDALONE_FULL or two MINEDRAFT servers (each with its own draft server) launched through
-sgl-spec's launcher, the router in front with
-round-robin, mixed traffic through it (``/generate`` one by one and concurrent,
-``/v1/completions``);
-every greedy response equals the non-speculative server's, and both replicas served."""
+sgl-spec's launcher, the router in front with round-robin, mixed traffic through it
+(``/generate`` one by one and concurrent, ``/v1/completions``); every greedy response equals
+the non-speculative server's, and both replicas served."""
 
 from __future__ import annotations
 

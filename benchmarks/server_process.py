@@ -79,13 +79,15 @@ class ServerProcess:
                     return
             except requests.RequestException:
                 pass
-            time.sleep(2)
+            time.sleep(0.5)
         raise TimeoutError(
             f"server not ready in {timeout:.0f}s (log {self.log_path}):\n{tail(self.log_path)}"
         )
 
-    def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+    def stop(self, graceful: bool = True) -> None:
+        """SIGTERM (SGLang drains and exits: ~5 s), SIGKILL if that takes 30 s; ``graceful=False``
+        kills the whole group at once (nothing of the server is kept after it)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL) if graceful else (signal.SIGKILL,):
             if self.proc.poll() is not None:
                 break
             os.killpg(self.proc.pid, sig)

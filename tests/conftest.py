@@ -50,10 +50,30 @@ def baseline_greedy(tiny_models, tmp_path_factory) -> dict[str, list]:
     return outputs
 
 
+@pytest.fixture(scope="session")
+def shipped_greedy(tmp_path_factory) -> dict[str, list]:
+    """The non-speculative server's greedy ids on the shipped target for every request set of
+    ``tests/helpers/shipped.py``, computed once per session, then the server is stopped."""
+    from sgl_spec.models.registry import DEFAULT_TARGET
+    from tests.helpers.server_utils import Server
+    from tests.helpers.shipped import shipped_greedy_replies
+
+    server = Server(
+        ["--model-path", DEFAULT_TARGET],
+        tmp_path_factory.mktemp("shipped_baseline") / "none.log",
+    )
+    try:
+        return shipped_greedy_replies(server)
+    finally:
+        server.stop()
+
+
 # Fixtures that start an SGLang server or a MINEDRAFT draft-server process: a test that uses
 # one, directly or through another fixture, is in the `server` lane (`pytest -m "not server"`
 # is the fast lane).
-SERVER_FIXTURES = frozenset({"servers", "baseline_greedy", "default_server", "client"})
+SERVER_FIXTURES = frozenset(
+    {"servers", "baseline_greedy", "shipped_greedy", "default_server", "client"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,5 +1,6 @@
-"""Faults under load, on the shipped models: one non-speculative server gives the reference
-greedy outputs of 64 code prompts, and every speculative server must return exactly those.
+"""Faults under load, on the shipped models: the non-speculative server's greedy outputs of 64
+code prompts (the session's ``shipped_greedy``) are the reference, and every speculative server
+must return exactly those.
 
 (a) MINEDRAFT, the draft server hung (SIGSTOP) while the 64 requests run concurrently: none
     fails, all equal the reference, no request waits the hang timeout between two tokens
@@ -31,7 +32,6 @@ import os
 import random
 import re
 import signal
-import sysconfig
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +40,13 @@ from pathlib import Path
 import pytest
 from soak import ABORT_MODES, Outcome, RequestSpec, idle_loads, send
 
-from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
+from sgl_spec.models.registry import DEFAULT_TARGET
 from tests.helpers.metrics import scrape, total
 from tests.helpers.server_utils import Server, ServerPool
+from tests.helpers.shipped import NUM_STDLIB_PROMPTS, STDLIB_MAX_NEW_TOKENS, stdlib_prompt_ids
 
-NUM_REQUESTS = 64
-MAX_NEW_TOKENS = 32
+NUM_REQUESTS = NUM_STDLIB_PROMPTS
+MAX_NEW_TOKENS = STDLIB_MAX_NEW_TOKENS
 DRAFT_TIMEOUT_S = 10.0
 FAULT_HOOKS = Path(__file__).resolve().parents[1] / "helpers" / "fault_hooks"
 # Tiny adaptation settings: updates after 2 warm-up queries, one routed query per buffer, two
@@ -60,7 +61,6 @@ COMMON = [
     "--log-level", "info",
 ]  # fmt: skip
 SERVERS = {
-    "none": COMMON,
     "minedraft": [
         *COMMON,
         "--speculative-algorithm", "MINEDRAFT",
@@ -105,21 +105,13 @@ def servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompt_ids() -> list[list[int]]:
     """64 code excerpts of the standard library, as the shipped target's token ids."""
-    from transformers import AutoTokenizer
-
-    source = (Path(sysconfig.get_paths()["stdlib"]) / "argparse.py").read_text()
-    stride = len(source) // NUM_REQUESTS
-    texts = [source[i * stride : i * stride + 200] for i in range(NUM_REQUESTS)]
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_TARGET))
-    return [tokenizer(text)["input_ids"] for text in texts]
+    return stdlib_prompt_ids()
 
 
 @pytest.fixture(scope="module")
-def reference(servers, prompt_ids) -> list[list[int]]:
+def reference(shipped_greedy) -> list[list[int]]:
     """The non-speculative server's greedy ids, all 64 prompts in one batched request."""
-    params = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS}
-    out = servers("none").generate({"input_ids": prompt_ids, "sampling_params": params})
-    return [o["output_ids"] for o in out]
+    return shipped_greedy["stdlib"]
 
 
 def _spec(name: str, i: int, ids: list[int], stream: bool, **abort) -> RequestSpec:

@@ -23,19 +23,13 @@ from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.lossless import assert_speculative_sampling_law, joint_law
 from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, total
 from tests.helpers.server_utils import Server, ServerPool
+from tests.helpers.shipped import SHIPPED_MAX_NEW_TOKENS, SHIPPED_PROMPTS
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000
 TEMPERATURE = 0.7
 SAMPLING_PROMPT = "def __init__(self"
-PROMPTS = [
-    "def read_lines(path):\n    with open(path) as f:\n        return ",
-    "import os\nimport sys\n",
-    "class Parser:\n    def __init__(self, text):\n        self.",
-    "for i in range(len(items)):\n    ",
-    "    if not isinstance(value, str):\n        raise TypeError(",
-    "def __repr__(self):\n    return ",
-]
+PROMPTS = SHIPPED_PROMPTS
 
 
 def _mtp_args(k: int) -> list[str]:
@@ -57,7 +51,6 @@ def _mtp_args(k: int) -> list[str]:
 def servers(tmp_path_factory):
     pool = ServerPool(
         {
-            "baseline": ["--model-path", DEFAULT_TARGET],
             "k3": _mtp_args(3),
             "k0": _mtp_args(0),
         },
@@ -69,14 +62,18 @@ def servers(tmp_path_factory):
 
 def _greedy(server: Server) -> tuple[list, list]:
     out = server.generate(
-        {"text": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+        {
+            "text": PROMPTS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS},
+        }
     )
     return [o["output_ids"] for o in out], [o["meta_info"] for o in out]
 
 
 @pytest.fixture(scope="module")
-def baseline(servers) -> list:
-    return _greedy(servers("baseline"))[0]
+def baseline(shipped_greedy) -> list:
+    """The non-speculative server's greedy ids for ``PROMPTS`` (the session's)."""
+    return shipped_greedy["prompts"]
 
 
 def test_greedy_equals_baseline(servers, baseline) -> None:

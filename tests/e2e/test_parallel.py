@@ -35,6 +35,7 @@ from tests.helpers.lossless import (
 )
 from tests.helpers.metrics import scrape, total
 from tests.helpers.server_utils import COMMON_ARGS, Server, ServerProcess, pick_port, tail
+from tests.helpers.shipped import SHIPPED_MAX_NEW_TOKENS, SHIPPED_PROMPTS
 
 pytestmark = pytest.mark.server
 
@@ -102,12 +103,6 @@ def test_two_ranks_lossless(flag, tiny_models, baseline_greedy, tmp_path):
 # MTP_LORA, SPECBLOCK and MINEDRAFT under --tp-size 2 and --dp-size 2, on the shipped target
 # with their shipped adapter and drafters (a draft only agrees with the target it was trained for, so
 # drafts are accepted)
-SHIPPED_PROMPTS = [
-    "def read_lines(path):\n    with open(path) as f:\n        return ",
-    "import os\nimport sys\n",
-    "class Parser:\n    def __init__(self, text):\n        self.",
-    "for i in range(len(items)):\n    ",
-]
 SHIPPED_SAMPLING_PROMPT = "def __init__(self"
 SHIPPED_TEMPERATURE = 1.0
 SHIPPED_NUM_SAMPLES = 2500
@@ -119,27 +114,21 @@ TWO_RANK_ALGORITHMS = {
 
 
 def _shipped_greedy(server: Server, rank: int | None) -> list[dict]:
-    body = {"text": SHIPPED_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 32}}
+    greedy = {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS}
+    body = {"text": SHIPPED_PROMPTS, "sampling_params": greedy}
     return server.generate(body if rank is None else {**body, "routed_dp_rank": rank})
 
 
 @pytest.fixture(scope="module")
-def shipped_reference(tmp_path_factory) -> dict:
-    """The one-rank ``none`` server's greedy ids on the shipped target, and the target's exact
-    law of completion tokens 1-3 for the sampling prompt."""
+def shipped_reference(shipped_greedy) -> dict:
+    """The one-rank ``none`` server's greedy ids on the shipped target (the session's), and
+    the target's exact law of completion tokens 1-3 for the sampling prompt."""
     from transformers import AutoTokenizer
 
-    server = Server(["--model-path", DEFAULT_TARGET], tmp_path_factory.mktemp("dp") / "none.log")
-    try:
-        out = server.generate(
-            {"text": SHIPPED_PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": 32}}
-        )
-    finally:
-        server.stop()
     target = resolve_model_path(DEFAULT_TARGET)
     ids = AutoTokenizer.from_pretrained(target)(SHIPPED_SAMPLING_PROMPT)["input_ids"]
     law = joint_law(target, ids, SHIPPED_TEMPERATURE, SHIPPED_NUM_SAMPLES, 3)
-    return {"greedy": [o["output_ids"] for o in out], "ids": ids, "law": law}
+    return {"greedy": shipped_greedy["prompts"], "ids": ids, "law": law}
 
 
 @pytest.mark.parametrize("flag", ["--tp-size", "--dp-size"])

@@ -99,7 +99,7 @@ def test_invalid_prompts_rejected_server_keeps_serving(servers) -> None:
     assert_invalid_prompts_rejected(servers("k3").url)
 
 
-@pytest.mark.parametrize("name", ["k3", "k0"])
+@pytest.mark.parametrize("name", ["k3", "k0"], scope="module")  # k3 tests, then k0
 def test_sampling_matches_target(servers, name: str) -> None:
     from transformers import AutoTokenizer
 
@@ -118,7 +118,7 @@ def test_sampling_matches_target(servers, name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["k3", "k0"])
+@pytest.mark.parametrize("name", ["k3", "k0"], scope="module")  # k3 tests, then k0
 def test_openai_api_logprobs_and_bad_request(servers, name: str) -> None:
     import requests
 

@@ -23,7 +23,7 @@ from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.lossless import assert_speculative_sampling_law, joint_law
 from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, total
 from tests.helpers.server_utils import Server, ServerPool
-from tests.helpers.shipped import SHIPPED_MAX_NEW_TOKENS, SHIPPED_PROMPTS
+from tests.helpers.shipped import SHIPPED_PROMPTS, shipped_greedy_request
 
 ALPHA = 1e-4
 NUM_SAMPLES = 6000
@@ -61,12 +61,7 @@ def servers(tmp_path_factory):
 
 
 def _greedy(server: Server) -> tuple[list, list]:
-    out = server.generate(
-        {
-            "text": PROMPTS,
-            "sampling_params": {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS},
-        }
-    )
+    out = server.generate(shipped_greedy_request())
     return [o["output_ids"] for o in out], [o["meta_info"] for o in out]
 
 

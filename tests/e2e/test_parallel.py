@@ -35,7 +35,7 @@ from tests.helpers.lossless import (
 )
 from tests.helpers.metrics import scrape, total
 from tests.helpers.server_utils import COMMON_ARGS, Server, ServerProcess, pick_port, tail
-from tests.helpers.shipped import SHIPPED_MAX_NEW_TOKENS, SHIPPED_PROMPTS
+from tests.helpers.shipped import SHIPPED_PROMPTS, shipped_greedy_request
 
 pytestmark = pytest.mark.server
 
@@ -114,8 +114,7 @@ TWO_RANK_ALGORITHMS = {
 
 
 def _shipped_greedy(server: Server, rank: int | None) -> list[dict]:
-    greedy = {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS}
-    body = {"text": SHIPPED_PROMPTS, "sampling_params": greedy}
+    body = shipped_greedy_request()
     return server.generate(body if rank is None else {**body, "routed_dp_rank": rank})
 
 

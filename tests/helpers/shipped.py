@@ -4,6 +4,7 @@ compare with: one ``none`` server computes them all once per session (``shipped_
 
 from __future__ import annotations
 
+import functools
 import sysconfig
 from pathlib import Path
 
@@ -22,8 +23,16 @@ NUM_STDLIB_PROMPTS = 64
 STDLIB_MAX_NEW_TOKENS = 32
 
 
+def shipped_greedy_request() -> dict:
+    """The greedy ``/generate`` body of ``SHIPPED_PROMPTS`` (one batched request)."""
+    greedy = {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS}
+    return {"text": SHIPPED_PROMPTS, "sampling_params": greedy}
+
+
+@functools.cache
 def stdlib_prompt_ids() -> list[list[int]]:
-    """64 code excerpts of ``argparse.py``, 200 characters each, as the shipped target's ids."""
+    """64 code excerpts of ``argparse.py``, 200 characters each, as the shipped target's ids
+    (tokenized once per process; callers only read them)."""
     from transformers import AutoTokenizer
 
     from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
@@ -37,8 +46,7 @@ def stdlib_prompt_ids() -> list[list[int]]:
 
 def shipped_greedy_replies(server) -> dict[str, list[list[int]]]:
     """Every request set above, each sent as one batched greedy request to ``server``."""
-    greedy = {"temperature": 0, "max_new_tokens": SHIPPED_MAX_NEW_TOKENS}
-    prompts = server.generate({"text": SHIPPED_PROMPTS, "sampling_params": greedy})
+    prompts = server.generate(shipped_greedy_request())
     stdlib = server.generate(
         {
             "input_ids": stdlib_prompt_ids(),

@@ -53,17 +53,17 @@ class ServerProcess:
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
-        launcher = [sys.executable, "-m", "sgl_spec.launch_server"]
-        self.cmd = [*launcher, "--host", HOST, "--port", str(port), *flags]
+        self.argv = ["--host", HOST, "--port", str(port), *flags]  # the launcher's
+        self.cmd = [sys.executable, "-m", "sgl_spec.launch_server", *self.argv]
         self._log = open(log_path, "w")
         self._log.write(shlex.join(self.cmd) + "\n")
         self._log.flush()
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        self.proc = self._launch({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    def _launch(self, env: dict[str, str]) -> subprocess.Popen:
+        """Start ``self.cmd`` in its own session, logging to ``self.log_path``."""
+        return subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
 
     def wait_ready(self, timeout: float) -> None:

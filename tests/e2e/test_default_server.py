@@ -1,5 +1,9 @@
 """`python -m sgl_spec.launch_server` with no model flags serves the shipped target with
-speculative decoding (shipped draft) and continues held-out code plausibly."""
+speculative decoding (shipped draft) and continues held-out code plausibly.
+
+Every server here starts as a user starts it (``preloaded=False``): a fresh launcher whose
+scheduler SGLang *spawns*, so the spawn path of every algorithm is served and checked against
+the greedy ids of the session's preloaded ``none`` server (``tests/helpers/preloaded.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 
 from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.server_utils import DEFAULT_POOL_ARGS, Server
+from tests.helpers.shipped import shipped_greedy_request
 
 HELD_OUT_PROMPT = "def read_lines(path):\n    with open(path) as f:\n        return "
 # A held-out prompt whose continuation the shipped draft predicts evenly from its first tokens
@@ -21,7 +26,7 @@ EVEN_PROMPT = "import os\n\n\ndef list_files(root):\n    "
 def default_server(tmp_path_factory):
     # No memory flags: the launcher sizes the KV pool (checked below).
     log = tmp_path_factory.mktemp("logs") / "default.log"
-    server = Server([], log, common=DEFAULT_POOL_ARGS)
+    server = Server(["--sleep-on-idle"], log, common=DEFAULT_POOL_ARGS, preloaded=False)
     yield server
     server.stop()
 
@@ -40,6 +45,13 @@ def test_default_server_speculates_on_shipped_models(default_server) -> None:
     text = out["text"]
     assert len(set(out["output_ids"])) > 5, text  # not a degenerate repetition
     assert any(ch.isalpha() for ch in text)
+
+
+def test_spawned_default_server_equals_preloaded_none(default_server, shipped_greedy) -> None:
+    """The spawned speculative server serves the greedy ids of the preloaded ``none`` server
+    that most other modules compare with: both ways of starting a server serve the same."""
+    out = default_server.generate(shipped_greedy_request())
+    assert [o["output_ids"] for o in out] == shipped_greedy["prompts"]
 
 
 def test_default_server_chat_template(default_server) -> None:
@@ -101,7 +113,7 @@ def reference(default_server) -> dict:
 
 
 def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:
-    server = Server(["--speculative-algorithm", algorithm, *extra], log_path)
+    server = Server(["--speculative-algorithm", algorithm, *extra], log_path, preloaded=False)
     try:
         params = {"temperature": 0, "max_new_tokens": 64}
         return server.generate({"text": HELD_OUT_PROMPT, "sampling_params": params})
@@ -136,3 +148,11 @@ def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) ->
     assert out["output_ids"] == reference["output_ids"]
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
     assert "(specblock " in log.read_text(errors="replace")
+
+
+def test_mtp_lora_with_its_shipped_adapter(reference, tmp_path) -> None:
+    """`--speculative-algorithm MTP_LORA` on the shipped target and its shipped adapter, three
+    mask tokens a step: drafts accepted, greedy output equals the default server's."""
+    out = _only_algorithm_flag("MTP_LORA", tmp_path / "mtp_lora.log", "--mtp-k", "3")
+    assert out["output_ids"] == reference["output_ids"]
+    assert out["meta_info"]["spec_accept_length"] >= 1.2, out["meta_info"]

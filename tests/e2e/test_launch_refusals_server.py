@@ -15,21 +15,36 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.preloaded import preloaded_launch, server_env
+
 pytestmark = pytest.mark.server
 
 TIMEOUT_S = 300  # SGLang's imports: ~20 s on an idle 2-core host, minutes on a loaded one
 
 
 def launch(argv: list[str], tmp_path: Path) -> tuple[int, str]:
-    """(exit status, stdout + stderr) of the launcher; a launch that is not refused within
+    """(exit status, stdout + stderr) of the launcher (forked from the session's preloaded one
+    where it can be, ``tests/helpers/preloaded.py``); a launch that is not refused within
     ``TIMEOUT_S`` is killed with every process it started, and fails the test."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sgl_spec.launch_server", *argv, "--port", str(port)]
+    argv = [*argv, "--port", str(port)]
+    env = server_env()
+    launcher = preloaded_launch(env)
+    if launcher is not None:
+        log = tmp_path / "launch.log"
+        proc = launcher.start(argv, log, env, cwd=tmp_path)
+        try:
+            proc.wait(TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"not refused within {TIMEOUT_S} s: {log.read_text()[-3000:]}")
+        return proc.returncode, log.read_text(errors="replace")
+    cmd = [sys.executable, "-m", "sgl_spec.launch_server", *argv]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        start_new_session=True,
+        start_new_session=True, env=env,
     )  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)

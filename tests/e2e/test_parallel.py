@@ -34,7 +34,7 @@ from tests.helpers.lossless import (
     joint_two_token_law,
 )
 from tests.helpers.metrics import scrape, total
-from tests.helpers.server_utils import COMMON_ARGS, Server, ServerProcess, pick_port, tail
+from tests.helpers.server_utils import COMMON_ARGS, Server, pick_port, tail
 from tests.helpers.shipped import SHIPPED_PROMPTS, shipped_greedy_request
 
 pytestmark = pytest.mark.server
@@ -195,9 +195,10 @@ def test_two_nodes_over_loopback(algorithm, tiny_models, baseline_greedy, tmp_pa
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("two node processes need a core each")
-    follower = ServerProcess(
-        [*flags, "--node-rank", "1"], pick_port(), tmp_path / "node1.log", env={bind: str(cores[1])}
-    )
+    follower = Server(
+        [*flags, "--node-rank", "1"], tmp_path / "node1.log", common=[],
+        env={bind: str(cores[1])}, wait=False,
+    )  # fmt: skip
     try:
         try:
             leader = Server(

@@ -10,6 +10,9 @@ from types import SimpleNamespace
 import requests
 from server_process import ServerProcess, pick_port, tail
 
+from tests.helpers.preloaded import ForkedServer, preloaded_launch
+from tests.helpers.preloaded import enabled as preloaded_starts_enabled
+
 # Small KV pool and no warm-up keep start-up short on a 2-core host. --max-total-tokens caps
 # the pool; the static fraction only has to leave room for what is loaded before SGLang profiles
 # free RAM, which with MINEDRAFT includes the draft-server process (~4% of this 24 GiB host).
@@ -25,7 +28,9 @@ DEFAULT_POOL_ARGS = ["--dtype", "float32", "--skip-server-warmup"]
 
 
 class Server(ServerProcess):
-    """A ready server on a free port; ``stop()`` when done."""
+    """A ready server (``wait=False``: a started one) on a free port; ``stop()`` when done. Forked from the session's preloaded
+    launcher (``tests/helpers/preloaded.py``) where its environment allows, unless
+    ``preloaded=False``: then started as a user starts it."""
 
     def __init__(
         self,
@@ -34,13 +39,25 @@ class Server(ServerProcess):
         timeout: float = 420.0,
         common: list[str] = COMMON_ARGS,
         env: dict[str, str] | None = None,
+        preloaded: bool = True,
+        wait: bool = True,
     ) -> None:
+        self.preloaded = preloaded and preloaded_starts_enabled()
         super().__init__([*common, *args], pick_port(), log_path, env)
+        if not wait:  # e.g. a follower node, which serves no HTTP
+            return
         try:
             self.wait_ready(timeout)
         except Exception:
             self.stop()
             raise
+
+    def _launch(self, env: dict[str, str]) -> subprocess.Popen | ForkedServer:
+        launcher = preloaded_launch(env) if self.preloaded else None
+        if launcher is None:
+            return super()._launch(env)
+        self._log.flush()
+        return launcher.start(self.argv, self.log_path, env)
 
     def stop(self, graceful: bool = False) -> None:
         """Kill at once: a test keeps nothing of a server it is done with, and SGLang's drain on

@@ -1,0 +1,35 @@
+"""The preloaded test launcher forks a server only when the server's environment is the one
+the preloaded process imported SGLang with (``tests/helpers/preloaded.py``)."""
+
+from __future__ import annotations
+
+from tests.helpers.preloaded import same_launch
+
+DEFAULTS = {"SGLANG_USE_CPU_ENGINE": "1", "MALLOC_MMAP_THRESHOLD_": "33554432"}
+PRELOADED = {**DEFAULTS, "PATH": "/bin", "PYTHONUNBUFFERED": "1"}
+
+
+def test_same_environment_is_the_same_launch() -> None:
+    assert same_launch(dict(PRELOADED), PRELOADED, DEFAULTS)
+
+
+def test_launcher_defaults_may_be_missing_but_not_different() -> None:
+    assert same_launch({"PATH": "/bin", "PYTHONUNBUFFERED": "1"}, PRELOADED, DEFAULTS)
+    assert not same_launch({**PRELOADED, "SGLANG_USE_CPU_ENGINE": "0"}, PRELOADED, DEFAULTS)
+
+
+def test_pytest_bookkeeping_is_ignored() -> None:
+    env = {**PRELOADED, "PYTEST_CURRENT_TEST": "tests/e2e/x.py::test (call)"}
+    assert same_launch(env, PRELOADED, DEFAULTS)
+
+
+def test_an_added_changed_or_removed_variable_is_a_different_launch() -> None:
+    assert not same_launch({**PRELOADED, "PYTHONPATH": "/hooks"}, PRELOADED, DEFAULTS)
+    assert not same_launch({**PRELOADED, "PATH": "/usr/bin"}, PRELOADED, DEFAULTS)
+    removed = {k: v for k, v in PRELOADED.items() if k != "PATH"}
+    assert not same_launch(removed, PRELOADED, DEFAULTS)
+
+
+def test_core_bindings_read_at_run_time_may_differ() -> None:
+    env = {**PRELOADED, "SGLANG_CPU_OMP_THREADS_BIND": "1"}
+    assert same_launch(env, PRELOADED, DEFAULTS)

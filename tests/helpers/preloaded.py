@@ -17,6 +17,9 @@ launcher) and any server whose environment differs from the preloaded process's
 (``PYTHONPATH`` hooks, core bindings) start as users start them; ``SGLSPEC_TEST_PRELOADED=0``
 starts every test server that way.
 
+The same process runs the clients tests start beside a server (``CLIENT_MODULES``:
+``sglang.bench_serving``, ~10 s of imports a run) as forked ``python -m MODULE`` children.
+
 ``python -m tests.helpers.preloaded SOCKET`` is the preloaded process; ``PreloadedLauncher``
 is its client in the test process.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import runpy
 import shutil
 import signal
 import socket
@@ -46,8 +50,14 @@ RUNTIME_ENV = frozenset({"SGLANG_CPU_OMP_THREADS_BIND"})
 READY_TIMEOUT_S = 180.0
 
 
+# Modules a test runs as ``python -m MODULE`` besides the launcher (``PreloadedLauncher.run``).
+CLIENT_MODULES = ("sglang.bench_serving",)
+
+
 def _preload() -> None:
-    """What the launcher and SGLang's spawned scheduler and detokenizer import before plugins."""
+    """What the launcher and SGLang's spawned scheduler and detokenizer import before plugins,
+    and the clients of ``CLIENT_MODULES``."""
+    import sglang.bench_serving
     import sglang.launch_server
     import sglang.srt.managers.detokenizer_manager
     import sglang.srt.managers.scheduler  # noqa: F401
@@ -57,7 +67,8 @@ def _preload() -> None:
 
 def _run_child(request: dict) -> int:
     """In the forked child: become the server's session leader, log to its log, run the
-    launcher with SGLang's processes forked from this one; return the exit code."""
+    launcher with SGLang's processes forked from this one (or ``request["module"]`` as
+    ``__main__``); return the exit code."""
     os.setsid()
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
@@ -78,11 +89,15 @@ def _run_child(request: dict) -> int:
 
     multiprocessing.set_start_method = fork_instead  # SGLang asks for "spawn"
     multiprocessing.set_start_method("fork")
-    from sgl_spec.launch_server import main
-
-    sys.argv = ["sgl_spec.launch_server", *request["argv"]]
+    module = request.get("module")
+    sys.argv = [module or "sgl_spec.launch_server", *request["argv"]]
     try:
-        main(request["argv"])
+        if module is None:
+            from sgl_spec.launch_server import main
+
+            main(request["argv"])
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         return 0
     except SystemExit as exc:
         if isinstance(exc.code, str):
@@ -240,6 +255,15 @@ class PreloadedLauncher:
         """Fork ``python -m sgl_spec.launch_server ARGV`` (appending to ``log_path``)."""
         request = {"argv": argv, "log": str(log_path), "env": env, "cwd": str(cwd or Path.cwd())}
         reply = self.ask({"op": "start", **request})
+        return ForkedServer(self, reply["pid"])
+
+    def run(self, module: str, argv: list[str], log_path: Path) -> ForkedServer:
+        """Fork ``python -m MODULE ARGV`` (one of ``CLIENT_MODULES``, writing to ``log_path``)
+        in the test's environment and working directory."""
+        if module not in CLIENT_MODULES:
+            raise ValueError(f"{module} is not preloaded: one of {CLIENT_MODULES}")
+        request = {"argv": argv, "log": str(log_path), "env": server_env(), "cwd": os.getcwd()}
+        reply = self.ask({"op": "start", "module": module, **request})
         return ForkedServer(self, reply["pid"])
 
     def close(self) -> None:

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import requests
 from server_process import ServerProcess, pick_port, tail
 
-from tests.helpers.preloaded import ForkedServer, preloaded_launch
-from tests.helpers.preloaded import enabled as preloaded_starts_enabled
+from tests.helpers.preloaded import ForkedServer, preloaded_launch, server_env
 
 # Small KV pool and no warm-up keep start-up short on a 2-core host. --max-total-tokens caps
 # the pool; the static fraction only has to leave room for what is loaded before SGLang profiles
@@ -27,10 +26,24 @@ COMMON_ARGS = [
 DEFAULT_POOL_ARGS = ["--dtype", "float32", "--skip-server-warmup"]
 
 
-class Server(ServerProcess):
-    """A ready server (``wait=False``: a started one) on a free port; ``stop()`` when done. Forked from the session's preloaded
-    launcher (``tests/helpers/preloaded.py``) where its environment allows, unless
-    ``preloaded=False``: then started as a user starts it."""
+class PreloadedServerProcess(ServerProcess):
+    """A ``ServerProcess`` forked from the session's preloaded launcher
+    (``tests/helpers/preloaded.py``) where its environment allows, unless ``preloaded`` is
+    false: then started as a user starts it."""
+
+    preloaded = True
+
+    def _launch(self, env: dict[str, str]) -> subprocess.Popen | ForkedServer:
+        launcher = preloaded_launch(env) if self.preloaded else None
+        if launcher is None:
+            return super()._launch(env)
+        self._log.flush()
+        return launcher.start(self.argv, self.log_path, env)
+
+
+class Server(PreloadedServerProcess):
+    """A ready server (``wait=False``: a started one) on a free port; ``stop()`` when done,
+    preloaded unless ``preloaded=False`` (``PreloadedServerProcess``)."""
 
     def __init__(
         self,
@@ -42,7 +55,7 @@ class Server(ServerProcess):
         preloaded: bool = True,
         wait: bool = True,
     ) -> None:
-        self.preloaded = preloaded and preloaded_starts_enabled()
+        self.preloaded = preloaded
         super().__init__([*common, *args], pick_port(), log_path, env)
         if not wait:  # e.g. a follower node, which serves no HTTP
             return
@@ -51,13 +64,6 @@ class Server(ServerProcess):
         except Exception:
             self.stop()
             raise
-
-    def _launch(self, env: dict[str, str]) -> subprocess.Popen | ForkedServer:
-        launcher = preloaded_launch(env) if self.preloaded else None
-        if launcher is None:
-            return super()._launch(env)
-        self._log.flush()
-        return launcher.start(self.argv, self.log_path, env)
 
     def stop(self, graceful: bool = False) -> None:
         """Kill at once: a test keeps nothing of a server it is done with, and SGLang's drain on
@@ -118,7 +124,7 @@ class ServerPool:
 
 def start_bench_serving(
     server: Server, tokenizer: Path, out_file: Path, num_prompts: int, concurrency: int, length: int
-) -> subprocess.Popen:
+) -> subprocess.Popen | ForkedServer:
     """``python -m sglang.bench_serving`` against ``server``, unchanged, as the benchmark runs it
     (``benchmarks/_bench_lib.py``: offline ``random-ids``, fixed seed, so the same prompts on
     every server; greedy), ``length`` input and output tokens, per-request details in
@@ -129,11 +135,19 @@ def start_bench_serving(
         input_len=length, output_len=length, num_prompts=num_prompts, max_concurrency=concurrency
     )
     argv = [*bench_serving_argv(server.port, load, str(tokenizer), out_file), "--output-details"]
-    log = open(out_file.with_suffix(".log"), "w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    log_path = out_file.with_suffix(".log")
+    launcher = preloaded_launch(server_env())
+    if launcher is not None:  # its client imports (~10 s) done once per session
+        module = argv.index("-m") + 1
+        log_path.write_text("")
+        return launcher.run(argv[module], argv[module + 1 :], log_path)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
-def finish_bench_serving(proc: subprocess.Popen, out_file: Path, timeout: float = 900) -> dict:
+def finish_bench_serving(
+    proc: subprocess.Popen | ForkedServer, out_file: Path, timeout: float = 900
+) -> dict:
     """Wait for a ``start_bench_serving`` run; its result with per-request details."""
     code = proc.wait(timeout)
     log = out_file.with_suffix(".log").read_text(errors="replace")

@@ -4,7 +4,6 @@ plus one end-to-end run of the public command on tiny random models."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -499,10 +498,14 @@ def lib_assemble(algorithms: list[str], runs: list[dict]) -> dict:
 
 
 @pytest.mark.server
-def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:
+def test_end_to_end_none_vs_standalone(tiny_models, tmp_path, monkeypatch, capsys) -> None:
+    """The benchmark's ``main`` in this process, its servers started like the tests' (forked
+    from the preloaded launcher), its ``sglang.bench_serving`` runs as subprocesses."""
+    from tests.helpers.server_utils import PreloadedServerProcess
+
+    monkeypatch.setattr(bench, "ServerProcess", PreloadedServerProcess)
     out = tmp_path / "out.json"
-    cmd = [
-        sys.executable, str(REPO / "benchmarks" / "bench_speculative.py"),
+    argv = [
         "--algorithms", "none,standalone", "--num-prompts", "4", "--max-concurrency", "2",
         "--output-len", "8", "--input-len", "16", "--json", str(out),
         "--log-dir", str(tmp_path / "logs"), "--timeout", "420",
@@ -511,8 +514,9 @@ def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:
         "--dtype", "float32", "--mem-fraction-static", "0.05", "--max-total-tokens", "16384",
         "--skip-server-warmup",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    code = bench.main(argv)
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout[-4000:]
     result = json.loads(out.read_text())
     assert set(result) >= {"command", "host", "runs"}
     assert HOST_KEYS <= result["host"].keys()
@@ -527,7 +531,7 @@ def test_end_to_end_none_vs_standalone(tiny_models, tmp_path) -> None:
     assert standalone["mean_accept_length"] >= 1.0
     assert standalone["greedy_equal_baseline"] is True
     assert none["ratios"]["output_throughput"] == 1.0
-    assert "standalone" in proc.stdout and "x tok/s" in proc.stdout
+    assert "standalone" in stdout and "x tok/s" in stdout
 
 
 def test_none_without_model_path_names_the_default_target() -> None:

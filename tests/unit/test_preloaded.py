@@ -3,7 +3,11 @@ the preloaded process imported SGLang with (``tests/helpers/preloaded.py``)."""
 
 from __future__ import annotations
 
-from tests.helpers.preloaded import same_launch
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.preloaded import CLIENT_MODULES, PreloadedLauncher, same_launch
 
 DEFAULTS = {"SGLANG_USE_CPU_ENGINE": "1", "MALLOC_MMAP_THRESHOLD_": "33554432"}
 PRELOADED = {**DEFAULTS, "PATH": "/bin", "PYTHONUNBUFFERED": "1"}
@@ -33,3 +37,11 @@ def test_an_added_changed_or_removed_variable_is_a_different_launch() -> None:
 def test_core_bindings_read_at_run_time_may_differ() -> None:
     env = {**PRELOADED, "SGLANG_CPU_OMP_THREADS_BIND": "1"}
     assert same_launch(env, PRELOADED, DEFAULTS)
+
+
+def test_only_preloaded_clients_are_run() -> None:
+    """Any other module would be imported in the fork, after SGLang and the launcher (not as
+    ``python -m`` would run it, and with no time saved): refused before anything is asked."""
+    assert "sglang.bench_serving" in CLIENT_MODULES
+    with pytest.raises(ValueError, match="not preloaded"):
+        PreloadedLauncher.run(None, "sglang.launch_server", [], Path("x.log"))  # type: ignore[arg-type]

@@ -250,11 +250,17 @@ class PreloadedLauncher:
             return json.loads(conn.makefile().readline())
 
     def start(
-        self, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None
+        self,
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str],
+        cwd: Path | None = None,
+        module: str | None = None,
     ) -> ForkedServer:
-        """Fork ``python -m sgl_spec.launch_server ARGV`` (appending to ``log_path``)."""
+        """Fork ``python -m sgl_spec.launch_server ARGV`` (or ``python -m MODULE ARGV``),
+        appending to ``log_path``."""
         request = {"argv": argv, "log": str(log_path), "env": env, "cwd": str(cwd or Path.cwd())}
-        reply = self.ask({"op": "start", **request})
+        reply = self.ask({"op": "start", "module": module, **request})
         return ForkedServer(self, reply["pid"])
 
     def run(self, module: str, argv: list[str], log_path: Path) -> ForkedServer:
@@ -262,9 +268,7 @@ class PreloadedLauncher:
         in the test's environment and working directory."""
         if module not in CLIENT_MODULES:
             raise ValueError(f"{module} is not preloaded: one of {CLIENT_MODULES}")
-        request = {"argv": argv, "log": str(log_path), "env": server_env(), "cwd": os.getcwd()}
-        reply = self.ask({"op": "start", "module": module, **request})
-        return ForkedServer(self, reply["pid"])
+        return self.start(argv, log_path, server_env(), module=module)
 
     def close(self) -> None:
         if self.proc.poll() is None:

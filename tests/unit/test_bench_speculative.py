@@ -1,5 +1,5 @@
 """benchmarks/bench_speculative.py: CLI, algorithm flags, result JSON and ratios (no servers),
-plus one end-to-end run of the public command on tiny random models."""
+plus one end-to-end run of its ``main`` on tiny random models."""
 
 from __future__ import annotations
 

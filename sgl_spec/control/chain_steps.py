@@ -19,14 +19,22 @@ from sgl_spec.flags import CHAIN_STEPS_MODES
 
 # A draft model's chain: probing while off every 64 steps, not 256 (``SERVED_TUNING``): a
 # probe pays the draft's catch-up on the tokens committed meanwhile, not a step without drafts
-# as MTP_LORA's does.
-DRAFT_CHAIN_TUNING = {**CHAIN_TUNING, "explore_every": 64}
+# as MTP_LORA's does. At high concurrency a full chain turns the batch over every step or two
+# and the step after a join is the draft model's slow one (it takes the new prompt first), so
+# steps are timed across batch changes, 4 to a sample (``step_times.py``).
+DRAFT_CHAIN_TUNING = {
+    **CHAIN_TUNING,
+    "explore_every": 64,
+    "time_chunk": 4,
+    "time_batch_changes": True,
+}
 
 
-def steps_controller(max_steps: int, alpha: float = 0.7) -> SpeculationController:
+def steps_controller(max_steps: int, alpha: float = 0.7, **tuning: Any) -> SpeculationController:
     """Chain lengths 0..``max_steps`` priced by served step times (no γ table, the draft's
-    cost folded into the measured times)."""
-    config = ControllerConfig(k_max=max_steps, alpha_prior=alpha, **DRAFT_CHAIN_TUNING)
+    cost folded into the measured times); ``tuning`` overrides ``DRAFT_CHAIN_TUNING``."""
+    tuning = {**DRAFT_CHAIN_TUNING, **tuning}
+    config = ControllerConfig(k_max=max_steps, alpha_prior=alpha, **tuning)
     return SpeculationController(None, DrafterCost(0.0), config)
 
 

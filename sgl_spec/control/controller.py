@@ -91,6 +91,10 @@ class ControllerConfig:
     a chain's α per position already carries what one k observes to the others)."""
     time_window: int = 9
     """Step times kept per (bucket, k) for their lower quartile."""
+    time_chunk: int = 1
+    """Step times averaged into one of those (``StepTimes.chunk``)."""
+    time_batch_changes: bool = False
+    """Time a step up to the next one across joins and departures (``StepClock``)."""
     switch_on_margin: float = 0.0
     """Extra margin to turn speculation on while it is off: the first step after k = 0 has no
     drafts to verify (it pays T(k) for one token), so a marginal predicted gain would be eaten
@@ -123,7 +127,7 @@ class ControllerConfig:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
         least = {"margin": 0, "switch_on_margin": 0, "explore_every": 0, "probe_steps": 1,
                  "warmup_steps": 0, "calibrate_steps": 0, "probe_others_every": 0,
-                 "refresh_every": 0}  # fmt: skip
+                 "refresh_every": 0, "time_chunk": 1}  # fmt: skip
         for name, low in least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
@@ -195,9 +199,8 @@ class SpeculationController:
         )
         if self.acceptance.most_accepted(0) != 0:
             raise ValueError("setting k = 0 of an acceptance model must have no drafts")
-        self.times = StepTimes(
-            window=self.config.time_window, min_samples=max(self.config.calibrate_steps, 1)
-        )
+        min_samples = max(self.config.calibrate_steps, 1)
+        self.times = StepTimes(self.config.time_window, min_samples, self.config.time_chunk)
         self.num_steps_off = 0  # consecutive steps at k = 0
         self.num_steps_seen = 0  # steps reported to observe_step, warm-up included
         self.num_steps_on = 0  # consecutive steps at k > 0
@@ -320,7 +323,7 @@ class SpeculationController:
                 bound = self.predict(k, batch_size, ctx_len)
                 if bound.predicted_speedup <= 1.0 + self.config.margin:
                     continue  # cannot pay even if it cost no more than the last measured k
-                steps = self.times.min_samples - self.times.count(batch_size, k)
+                steps = self.times.steps_to_measure(batch_size, k)
                 return self._start_probe(bound, batch_size, steps)
         return None
 

@@ -4,6 +4,14 @@ The offline γ table times a bare forward; a served step also pays the method's 
 ``SpeculationController`` (``controller.py``) can measure τ = T(0)/T(k) from the worker's step
 times instead. ``StepTimes`` keeps the lower quartile of the recent ones per (bucket, k);
 ``StepClock`` measures a step from its start to the next one's. Pure.
+
+Where the batch turns over every step or two (a chain that commits several tokens per
+request at high concurrency) the steps that stay alike are not the typical ones: the step
+after a join pays more (a prefill ran before it; a draft model first takes the new prompt).
+``StepTimes(chunk=n)`` and ``StepClock`` measuring across batch changes
+(``ControllerConfig.time_batch_changes``) then price a setting by what it serves: means of
+``n`` steps, each up to the next decode step whatever ran between, so that the share of
+post-join steps each setting causes is in its time.
 """
 
 from __future__ import annotations
@@ -33,21 +41,38 @@ class StepTimes:
 
     window: int = 9
     min_samples: int = 3
+    chunk: int = 1
+    """Observations averaged into one sample (module docstring): a sample is the mean of
+    ``chunk`` steps of the same (bucket, k), and counts and the window are in samples."""
     _samples: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
     _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _pending: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_samples <= self.window:
             raise ValueError(
                 f"need 1 <= min_samples <= window, got {self.min_samples}, {self.window}"
             )
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
 
     def update(self, batch_size: int, k: int, seconds: float) -> None:
         if not (seconds > 0 and math.isfinite(seconds)):
             return  # a clock hiccup says nothing about cost
         key = (batch_bucket(batch_size), k)
-        self._samples.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        pending = self._pending.setdefault(key, [])
+        pending.append(seconds)
+        if len(pending) < self.chunk:
+            return
+        self._samples.setdefault(key, deque(maxlen=self.window)).append(sum(pending) / len(pending))
         self._counts[key] = self._counts.get(key, 0) + 1
+        pending.clear()
+
+    def steps_to_measure(self, batch_size: int, k: int) -> int:
+        """Observations (steps) still needed before T(k) counts as measured in this bucket."""
+        key = (batch_bucket(batch_size), k)
+        missing = self.min_samples - self._counts.get(key, 0)
+        return max(0, missing * self.chunk - len(self._pending.get(key, ())))
 
     def get(self, batch_size: int, k: int) -> float | None:
         return self._get_bucket(batch_bucket(batch_size), k)
@@ -78,34 +103,42 @@ class StepTimes:
 
 class StepClock:
     """What a decode step costs the server: the seconds from its start to the start of the
-    next decode step of the same requests, so that the scheduler's work on its output (and
-    anything else the serving loop does per step) is charged to the setting that caused it.
+    next decode step, so that the scheduler's work on its output (and anything else the
+    serving loop does per step) is charged to the setting that caused it.
 
-    A step is measured only when the next one runs exactly the same requests (``key``): a new
-    request means a prefill ran in between, a finished one that the batch changed shape. The
-    last step of a batch is never measured; the lower quartile of ``StepTimes`` drops the
-    steps that waited on something else."""
+    By default a step is measured only when the next one runs exactly the same requests
+    (``key``): a new request means a prefill ran in between, a finished one that the batch
+    changed shape; the lower quartile of ``StepTimes`` drops the steps that waited on something
+    else. ``across_changes`` measures up to the next decode step that shares a request with
+    this one, prefills between included (module docstring); a next step of none of the same
+    requests follows an idle server or a client's round trip, and is never measured."""
 
     def __init__(self) -> None:
         self._last: tuple[float, object, int, int] | None = None  # (start, key, k, batch size)
 
-    def tick(self, key: object, now: float) -> tuple[int, int, float] | None:
+    def tick(
+        self, key: tuple, now: float, across_changes: bool = False
+    ) -> tuple[int, int, float] | None:
         """A decode step of the requests ``key`` starts at ``now`` (``time.perf_counter``);
-        returns ``(k, batch_size, seconds)`` of the previous step if it ran the same ones."""
+        returns ``(k, batch_size, seconds)`` of the previous step if it ran the same ones (with
+        ``across_changes``: any of them)."""
         last, self._last = self._last, (now, key, -1, 0)
-        if last is None or last[1] != key or last[2] < 0:
+        if last is None or last[2] < 0:
             return None
-        return last[2], last[3], now - last[0]
+        same = last[1] == key or (across_changes and not set(key).isdisjoint(last[1]))
+        return (last[2], last[3], now - last[0]) if same else None
 
     def start(self, key: tuple, now: float, controller: Any) -> None:
         """A decode step of the requests ``key`` starts at ``now``: ``controller`` (a
-        ``SpeculationController``) learns what the previous step cost, or, when the batch
+        ``SpeculationController``) learns what the previous step cost and, when the batch
         changed, who joined it (``batch_changed``)."""
         previous = self.last_key
-        measured = self.tick(key, now)
+        config = getattr(controller, "config", None)
+        across = bool(getattr(config, "time_batch_changes", False))
+        measured = self.tick(key, now, across)
         if measured is not None:
             controller.observe_step(*measured)
-        elif previous is not None and key != previous:  # who joined, who left
+        if previous is not None and key != previous:  # who joined, who left
             controller.batch_changed(len(set(key).difference(previous)), len(key))
 
     @property

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_spec.control.chain_steps import ChainSteps
+from sgl_spec.control.chain_steps import ChainSteps, steps_controller
+from sgl_spec.control.step_times import StepClock
 
 
 def test_fixed_cycle_and_off_need_no_controller() -> None:
@@ -36,3 +37,64 @@ def test_auto_learns_acceptance_only_at_the_length_it_ran() -> None:
     steps.steps = 3
     steps.observe([0, 0, 0])
     assert controller.alphas[0] < before[0]
+
+
+def serve_turning_over(
+    steps: ChainSteps, join_cost: float, num_steps: int = 3000, batch: int = 32, length: int = 128
+) -> tuple[list[int], float]:
+    """A served batch of ``batch`` requests of ``length`` tokens at acceptance 0.8 per position,
+    a finished request replaced at once; a decode step costs 45 ms + 20 ms per draft, a new
+    request's prefill 10 ms, and the next step with drafts ``join_cost`` per new request (a
+    draft model taking the new prompt). Returns the settings chosen and tokens per second."""
+    import random
+
+    rng = random.Random(7)
+    clock = StepClock()
+    remaining = {f"r{i}": rng.randint(1, length) for i in range(batch)}
+    next_rid, now, tokens, chosen, joined = batch, 0.0, 0, [], 0
+    for _ in range(num_steps):
+        key = tuple(remaining)
+        if steps.controller is not None:
+            clock.start(key, now, steps.controller)
+        k = steps.choose(len(key), 200)
+        clock.chosen(k, len(key))
+        chosen.append(k)
+        now += 0.045 + 0.020 * k + (join_cost * joined if k else 0.0)
+        joined = 0
+        accepted = [next((a for a in range(k) if rng.random() > 0.8), k) for _ in key]
+        steps.observe(accepted)
+        for rid, a in zip(key, accepted, strict=True):
+            tokens += min(1 + a, remaining[rid])
+            remaining[rid] -= 1 + a
+            if remaining[rid] <= 0:
+                del remaining[rid]
+                remaining[f"r{next_rid}"] = length
+                next_rid, joined, now = next_rid + 1, joined + 1, now + 0.010
+    return chosen, tokens / now
+
+
+def test_auto_prices_the_steps_after_a_join_at_high_concurrency() -> None:
+    """A full chain turns a 32-request batch over every step or two; when the draft model's
+    catch-up on each new prompt makes drafting cost more than it commits, ``auto`` stays near
+    plain decoding; it only measures that from steps timed across batch changes (the same
+    stream timed between identical batches only, the post-join steps are never seen and
+    drafting looks cheap); and where joins cost the drafts nothing, it drafts."""
+    _, plain = serve_turning_over(ChainSteps("off", 3, "--minedraft-steps"), join_cost=0.060)
+    _, full = serve_turning_over(ChainSteps("fixed", 3, "--minedraft-steps"), join_cost=0.060)
+    assert full < 0.92 * plain  # the scenario: drafting costs here
+
+    auto = ChainSteps("auto", 3, "--minedraft-steps")
+    chosen, rate = serve_turning_over(auto, join_cost=0.060)
+    assert sum(chosen[-1000:]) / 1000 < 0.3
+    assert rate > 0.97 * plain
+
+    identical_only = ChainSteps("auto", 3, "--minedraft-steps")
+    identical_only.controller = steps_controller(3, time_chunk=1, time_batch_changes=False)
+    chosen, _ = serve_turning_over(identical_only, join_cost=0.060)
+    assert sum(chosen[-1000:]) / 1000 > 0.5
+
+    cheap_joins = ChainSteps("auto", 3, "--minedraft-steps")
+    chosen, rate = serve_turning_over(cheap_joins, join_cost=0.0)
+    _, plain = serve_turning_over(ChainSteps("off", 3, "--minedraft-steps"), join_cost=0.0)
+    assert sum(chosen[-1000:]) / 1000 > 1.5
+    assert rate > 1.2 * plain

@@ -12,6 +12,7 @@ import pytest
 from sgl_spec.control.acceptance import BudgetAcceptance, ChainAcceptance
 from sgl_spec.control.controller import (
     TURNOVER_PROBE_STEPS,
+    ControllerConfig,
     SpeculationController,
     budget_controller,
 )
@@ -226,3 +227,37 @@ def test_a_batch_halved_since_the_last_probe_is_probed_again() -> None:
     assert ctrl._probed_batch_size == 16
     ctrl.batch_changed(0, 1)
     assert serve(ctrl, 1, TURNOVER_PROBE_STEPS + 1, node_cost=0.05)[1] <= TURNOVER_PROBE_STEPS
+
+
+def test_step_clock_across_changes_measures_up_to_any_step_of_the_same_requests() -> None:
+    """``across_changes``: a join or a departure between two decode steps is charged to the
+    first (the prefill ran on its time); a next step of none of its requests (an idle server,
+    a client's round trip) is never measured."""
+    clock = StepClock()
+    clock.tick(("a", "b"), 1.0, across_changes=True)
+    clock.chosen(3, 2)
+    assert clock.tick(("a", "b", "c"), 1.5, across_changes=True) == (3, 2, 0.5)
+    clock.chosen(0, 3)
+    assert clock.tick(("b", "c"), 1.75, across_changes=True) == (0, 3, 0.25)
+    clock.chosen(2, 2)
+    assert clock.tick(("d",), 9.0, across_changes=True) is None
+
+
+def test_step_clock_tells_the_controller_who_joined_even_when_it_measures() -> None:
+    class Recorder:
+        config = ControllerConfig(time_batch_changes=True)
+
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def observe_step(self, *args: object) -> None:
+            self.calls.append(("step", *args))
+
+        def batch_changed(self, joined: int, batch_size: int) -> None:
+            self.calls.append(("changed", joined, batch_size))
+
+    clock, recorder = StepClock(), Recorder()
+    clock.start(("a",), 1.0, recorder)
+    clock.chosen(1, 1)
+    clock.start(("a", "b"), 2.0, recorder)
+    assert recorder.calls == [("step", 1, 1, 1.0), ("changed", 1, 2)]

@@ -328,6 +328,23 @@ def test_step_times_lower_quartile_of_a_window_per_bucket() -> None:
     assert burst.get(1, 0) == pytest.approx(0.033)
 
 
+def test_step_times_in_chunks_average_before_the_quartile() -> None:
+    """``chunk`` steps make one sample: a slow mode that every few steps has is kept in the
+    price (a lower quartile of single steps would keep only the fast mode)."""
+    times = StepTimes(window=9, min_samples=2, chunk=4)
+    assert times.steps_to_measure(32, 3) == 8
+    for seconds in [0.1, 0.25, 0.1]:
+        times.update(32, 3, seconds)
+    assert times.get(32, 3) is None and times.count(32, 3) == 0
+    assert times.steps_to_measure(32, 3) == 5
+    for seconds in [0.25] + [0.1, 0.25] * 2:
+        times.update(32, 3, seconds)
+    assert times.count(32, 3) == 2 and times.steps_to_measure(32, 3) == 0
+    assert times.get(32, 3) == pytest.approx(0.175)
+    with pytest.raises(ValueError, match="chunk"):
+        StepTimes(chunk=0)
+
+
 def test_calibration_measures_k0_first_and_corrects_an_optimistic_table() -> None:
     # The table says speculation is free (τ = 1); the served steps say it is compute-bound.
     ctrl = controller(MEMORY_BOUND, alpha_prior=0.7, calibrate_steps=3, explore_every=0)

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 RESTART_BACKOFF_S = (1.0, 5.0, 15.0, 30.0)
 SOFT_WAIT_FLOOR_S = 1.0  # a sync point waits at least this long for its drafts
 SOFT_WAIT_FACTOR = 4.0  # ... or this many times the slowest recent drafting time
+MAX_CATCH_UPS = 2  # catch-up jobs (``DraftLink.catch_up``) unanswered at once
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class DraftLink:
         self._reset_waits()
         self.num_faults = 0
         self.num_restarts = 0
+        self.num_catch_ups = 0  # catch-up jobs sent (``catch_up``)
         self.last_fault = ""
         self.on_restart: Callable[[int], None] | None = None  # given the running total
 
@@ -103,6 +105,7 @@ class DraftLink:
         self._silent_since: float | None = None  # unanswered, and no reply since then
         self._draft_s = 0.0  # slowest recent drafting time (decays), or a wait in vain
         self._late = False  # a sync point gave up waiting; the server has not replied since
+        self._catch_ups = 0  # catch-up jobs sent and not answered yet (``catch_up``)
 
     def close(self) -> None:
         with self._lock:
@@ -156,6 +159,35 @@ class DraftLink:
             if self._sent.pop(rid, None) is not None:
                 self._removed.append(rid)
 
+    def lag(self, rid: str, total: int) -> int:
+        """Tokens of a ``total``-token sequence the server does not hold yet (all if new)."""
+        sent = self._sent.get(rid)
+        return total if sent is None or sent > total else total - sent
+
+    def catch_up(self, step_id: int, jobs: Sequence[DraftJob]) -> bool:
+        """Send the server these requests' new tokens without waiting for what it drafts from
+        them: between drafted steps, so that the next drafted step only appends a few. Sent only
+        while fewer than ``MAX_CATCH_UPS`` such jobs are unanswered (never piled up behind a
+        slow server), and only while no drafts are awaited; their results arrive before the
+        next awaited one and are dropped as stale there."""
+        if not jobs or self._pending or not self.up:
+            return False
+        num_stale = self.client.num_stale
+        try:  # count the catch-up results that came back meanwhile (non-blocking)
+            self.client.collect(0.0, step_id=-1)
+        except Exception as exc:
+            self.fault(f"collect failed: {exc}")
+            return False
+        self._catch_ups = max(0, self._catch_ups - (self.client.num_stale - num_stale))
+        if self._catch_ups >= MAX_CATCH_UPS or not self.submit(step_id, 0, jobs):
+            return False
+        self._pending.pop(step_id, None)  # not awaited: no wait, no hang detection
+        self._num_unanswered -= 1
+        self._silent_since = self._silent_since if self._num_unanswered else None
+        self._catch_ups += 1
+        self.num_catch_ups += 1
+        return True
+
     def submit(self, step_id: int, batch_id: int, jobs: Sequence[DraftJob]) -> bool:
         """Send one draft batch; False (and a fault) if the server cannot take it."""
         if not self.up:
@@ -206,7 +238,10 @@ class DraftLink:
         except Exception as exc:
             self.fault(f"collect failed: {exc}")
             return None
-        self._heard(int(result is not None) + self.client.num_stale - num_stale)
+        stale = self.client.num_stale - num_stale
+        caught_up = min(stale, self._catch_ups)  # catch-up results: never counted unanswered
+        self._catch_ups -= caught_up
+        self._heard(int(result is not None) + stale - caught_up)
         if result is None:
             return self._missed(wait_s)
         self._draft_s = max(float(result.draft_time_s), 0.9 * self._draft_s)

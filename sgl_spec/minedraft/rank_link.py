@@ -50,6 +50,19 @@ class RankedLink:
         if self.link is not None:
             self.link.on_restart = callback
 
+    @property
+    def num_catch_ups(self) -> int:
+        return 0 if self.link is None else self.link.num_catch_ups
+
+    def lag(self, rid: str, total: int) -> int:
+        """Tokens rank 0's server lacks of ``rid`` (0 on the other ranks: nothing to send)."""
+        return 0 if self.link is None else self.link.lag(rid, total)
+
+    def catch_up(self, step_id: int, jobs: Sequence[DraftJob]) -> bool:
+        """Rank 0 sends ``jobs`` unawaited (``DraftLink.catch_up``); no rank waits for them,
+        so nothing is shared."""
+        return self.link is not None and self.link.catch_up(step_id, jobs)
+
     def removed(self, rids: Sequence[str]) -> None:
         if self.link is not None:
             self.link.removed(rids)

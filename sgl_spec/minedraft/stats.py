@@ -72,7 +72,9 @@ class MineDraftStats:
         longest = max(self.parallel_draft_s, self.parallel_verify_s)
         return (self.parallel_draft_s + self.parallel_verify_s) / longest if longest else 1.0
 
-    def summary(self, faults: int, restarts: int, balance: int, moved: int) -> str:
+    def summary(
+        self, faults: int, restarts: int, balance: int, moved: int, catch_ups: int = 0
+    ) -> str:
         n = max(self.phases, 1)
         return (
             f"MINEDRAFT: steps={self.phases} parallel_steps={self.parallel_phases}"
@@ -82,4 +84,5 @@ class MineDraftStats:
             f" overlap_ms={1e3 * self.overlap_s / n:.2f} wait_ms={1e3 * self.wait_s / n:.2f}"
             f" overlap_bound={self.overlap_bound:.3f} undrafted={self.undrafted}"
             f" faults={faults} restarts={restarts} balance={balance} moved={moved}"
+            f" catch_ups={catch_ups}"
         )

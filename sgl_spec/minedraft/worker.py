@@ -63,6 +63,8 @@ from sgl_spec.minedraft.stats import MineDraftStats
 from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
+# During plain steps a request's tokens go to the draft server once it lags this many.
+CATCH_UP_TOKENS = 16
 
 
 class MineDraftWorker(TargetWrappingWorker):
@@ -172,6 +174,8 @@ class MineDraftWorker(TargetWrappingWorker):
             req_to_token = self.model_runner.req_to_token_pool.req_to_token
             locs = req_to_token[batch.req_pool_indices.to(torch.int64), batch.seq_lens.long()]
             self.features.store(locs, step.hidden)
+        if self.steps.mode in ("auto", "cycle"):  # after the features of the tokens it sends
+            self._catch_up(batch)
         seconds = time.perf_counter() - tic
         bs = len(batch.reqs)
         self.stats.record_phase(
@@ -181,6 +185,22 @@ class MineDraftWorker(TargetWrappingWorker):
         self.metrics.observe_step([0] * bs, [0] * bs, 0.0, seconds)
         carried = MineDraftDraftInput.carried(step.tokens, batch.seq_lens + 1)
         return plain_result(batch, step, carried)
+
+    def _catch_up(self, batch) -> None:
+        """Plain steps leave the draft server idle and behind: send it, unawaited, the tokens
+        of each request it lags ``CATCH_UP_TOKENS`` or more (a new one's prompt at once), so
+        that it extends its cache on its own device while the target decodes, and the next
+        drafted step (a probe) only appends what the last few steps committed."""
+        lagging = [
+            i
+            for i, req in enumerate(batch.reqs)
+            if self.link.lag(req.rid, _seq_total(req)) >= CATCH_UP_TOKENS
+        ]
+        self._step += 1  # on every rank alike (only rank 0 holds the server's link)
+        if lagging:
+            pool_indices = batch.req_pool_indices.tolist()
+            jobs = [self._job(batch.reqs[i], pool_indices[i], {}) for i in lagging]
+            self.link.catch_up(self._step, jobs)
 
     def _sync_membership(self, rids: list[str]) -> None:
         """Recycle the requests that left since the last call, assign the new ones (§5.1)."""
@@ -239,6 +259,7 @@ class MineDraftWorker(TargetWrappingWorker):
                     self.link.num_restarts,
                     self.manager.balance,
                     self.manager.stats.num_moved,
+                    self.link.num_catch_ups,
                 )
             )
         return Phase(target_rows, result)

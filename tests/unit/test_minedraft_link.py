@@ -115,6 +115,32 @@ def test_only_new_tokens_travel_and_drafts_are_keyed_by_length() -> None:
     assert client.sent[-1].removed_rids == ("a",)
 
 
+def test_catch_up_sends_new_tokens_unawaited_and_never_piles_up() -> None:
+    """Between drafted steps the server is sent what it lags (``lag``), nothing is waited for,
+    at most ``MAX_CATCH_UPS`` such jobs are unanswered, and their results are dropped at the
+    next awaited collect without counting as silence (no hang suspected)."""
+    client = FakeClient()
+    client.latency = 0.2  # the server is still busy with the catch-ups below
+    link = DraftLink(client, timeout_s=5.0)
+    link.start()
+    assert link.lag("a", 3) == 3  # never sent: the whole sequence
+    assert link.catch_up(1, [DraftJob("a", [5, 6, 7], 2)])
+    assert link.lag("a", 5) == 2 and client.waits == [0.0]  # only a non-blocking look
+    assert link.catch_up(2, [DraftJob("a", [5, 6, 7, 8, 9], 2)])
+    assert client.sent[-1].entries[0].appended_ids.tolist() == [8, 9]
+    assert link_module.MAX_CATCH_UPS == 2
+    assert not link.catch_up(3, [DraftJob("a", [5, 6, 7, 8, 9, 10], 2)])  # two unanswered
+    assert link.lag("a", 6) == 1  # the refused job sent nothing
+    time.sleep(0.25)  # both answered: room again
+    assert link.catch_up(4, [DraftJob("a", [5, 6, 7, 8, 9, 10], 2)])
+    assert link.submit(5, 0, [DraftJob("a", [5, 6, 7, 8, 9, 10, 11], 2)])
+    assert not link.catch_up(6, [DraftJob("a", [5, 6, 7, 8, 9, 10, 11, 12], 2)])  # awaited
+    drafts, _ = link.collect(5)
+    assert drafts["a"][0] == 7
+    assert link._num_unanswered == 0 and link._catch_ups == 0
+    assert link.num_faults == 0
+
+
 def test_feature_rows_travel_with_their_tokens() -> None:
     """SpecBlock drafter: a new (or re-sent) request carries the rows of every position but the
     newest, an update those of the positions that gained them since the last one."""

@@ -145,10 +145,16 @@ ALGORITHMS: dict[str, Algorithm] = {
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
     # drafts verified per step chosen by the speculation controller, 0 (a plain decode step,
-    # nothing sent to the draft server) to 3; and 0 every step, the floor it falls back to
+    # waiting for no drafts) to 3; and 0 every step (nothing sent), the floor it falls back to
     "minedraft-auto": Algorithm(
         ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "auto"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
+    # the same without sending the draft server what it lags during plain steps
+    "minedraft-auto-nocatchup": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "auto"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+        env=(("SGLSPEC_MINEDRAFT_CATCH_UP_TOKENS", "0"),),
     ),
     "minedraft-off": Algorithm(
         ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "off"),

@@ -59,9 +59,10 @@ class MineDraftFlags:
         "--minedraft-steps",
         "MINEDRAFT: drafts verified per request each step: 'fixed' (default) all"
         " --speculative-num-steps; 'auto' lets the speculation controller (sgl_spec/control)"
-        " choose each step's number among 0 (a plain decode step of the whole batch, nothing"
-        " sent to the draft server, which catches up on the next drafts it is asked for)"
-        " .. --speculative-num-steps, from the measured step time and the running acceptance"
+        " choose each step's number among 0 (a plain decode step of the whole batch that"
+        " waits for nothing from the draft server; it sends the server, unawaited, the tokens"
+        " of requests it lags by 16 or more) .. --speculative-num-steps, from the measured"
+        " step time and the running acceptance"
         " per position at the current batch size; 'cycle' takes 0 .. --speculative-num-steps"
         " in turn, one step each (for tests); 'off' verifies no drafts (the floor 'auto' falls"
         " back to; for measuring it).",

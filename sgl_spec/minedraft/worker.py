@@ -42,6 +42,7 @@ results merged back is ``phases.py``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -63,7 +64,9 @@ from sgl_spec.minedraft.stats import MineDraftStats
 from sgl_spec.verify.tree import DraftTree
 
 logger = logging.getLogger(__name__)
-# During plain steps a request's tokens go to the draft server once it lags this many.
+# During plain steps a request's tokens go to the draft server once it lags this many
+# (``_catch_up``); the environment variable sets another number, 0 none (for measuring).
+CATCH_UP_ENV = "SGLSPEC_MINEDRAFT_CATCH_UP_TOKENS"
 CATCH_UP_TOKENS = 16
 
 
@@ -98,6 +101,7 @@ class MineDraftWorker(TargetWrappingWorker):
         # drafts verified per request each step (--minedraft-steps); the controller, if auto
         self.steps = ChainSteps(settings.steps_mode, settings.num_steps, "--minedraft-steps")
         self.controller = self.steps.controller
+        self.catch_up_tokens = catch_up_tokens()
         self.k = settings.num_steps  # this step's drafts per request (its width is k + 1)
 
     def _capture_features(self) -> torch.Tensor:
@@ -174,8 +178,8 @@ class MineDraftWorker(TargetWrappingWorker):
             req_to_token = self.model_runner.req_to_token_pool.req_to_token
             locs = req_to_token[batch.req_pool_indices.to(torch.int64), batch.seq_lens.long()]
             self.features.store(locs, step.hidden)
-        if self.steps.mode in ("auto", "cycle"):  # after the features of the tokens it sends
-            self._catch_up(batch)
+        if self.catch_up_tokens and self.steps.mode in ("auto", "cycle"):
+            self._catch_up(batch)  # after the features of the tokens it sends are stored
         seconds = time.perf_counter() - tic
         bs = len(batch.reqs)
         self.stats.record_phase(
@@ -188,13 +192,13 @@ class MineDraftWorker(TargetWrappingWorker):
 
     def _catch_up(self, batch) -> None:
         """Plain steps leave the draft server idle and behind: send it, unawaited, the tokens
-        of each request it lags ``CATCH_UP_TOKENS`` or more (a new one's prompt at once), so
+        of each request it lags ``catch_up_tokens`` or more (a new one's prompt at once), so
         that it extends its cache on its own device while the target decodes, and the next
         drafted step (a probe) only appends what the last few steps committed."""
         lagging = [
             i
             for i, req in enumerate(batch.reqs)
-            if self.link.lag(req.rid, _seq_total(req)) >= CATCH_UP_TOKENS
+            if self.link.lag(req.rid, _seq_total(req)) >= self.catch_up_tokens
         ]
         self._step += 1  # on every rank alike (only rank 0 holds the server's link)
         if lagging:
@@ -332,6 +336,14 @@ class MineDraftWorker(TargetWrappingWorker):
 
     def close(self) -> None:
         self.link.close()
+
+
+def catch_up_tokens() -> int:
+    """``CATCH_UP_TOKENS``, or the environment's number (``CATCH_UP_ENV``, >= 0)."""
+    text = os.environ.get(CATCH_UP_ENV, str(CATCH_UP_TOKENS))
+    if not text.strip().isdigit():
+        raise ValueError(f"{CATCH_UP_ENV} must be a whole number >= 0 (0: off), got {text!r}")
+    return int(text)
 
 
 def _seq_total(req) -> int:

@@ -278,3 +278,16 @@ def test_cpu_draft_server_hides_the_gpus() -> None:
     env = draft_server_env("cuda:1", base)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "SGLANG_USE_CPU_ENGINE" not in env
     assert base == {"CUDA_VISIBLE_DEVICES": "0,1", "KEEP": "1"}
+
+
+def test_catch_up_tokens_from_the_environment(monkeypatch) -> None:
+    from sgl_spec.minedraft import worker
+
+    monkeypatch.delenv(worker.CATCH_UP_ENV, raising=False)
+    assert worker.catch_up_tokens() == worker.CATCH_UP_TOKENS
+    monkeypatch.setenv(worker.CATCH_UP_ENV, "0")
+    assert worker.catch_up_tokens() == 0
+    for bad in ("-1", "many", ""):
+        monkeypatch.setenv(worker.CATCH_UP_ENV, bad)
+        with pytest.raises(ValueError, match=worker.CATCH_UP_ENV):
+            worker.catch_up_tokens()

@@ -3,6 +3,7 @@ nodes, or none) of highest predicted tokens per second, from measured step times
 running acceptance.
 
 - ``controller``: ``SpeculationController`` and its ``ControllerConfig``.
+- ``chain_steps``, ``budget``: the controllers over a chain's length and over tree node budgets.
 - ``acceptance``: λ(k) per setting (a chain's per-position α, or per-budget estimates).
 - ``step_times``: served step times per batch-size bucket and setting (online calibration).
 - ``cost_model``: equation 1 of the large-batch paper and its measured γ-tolerance table.

@@ -66,6 +66,13 @@ class ChainSteps:
             self.steps, self.lam = decision.k, decision.lam
         return self.steps
 
+    def steps_to_probe(self) -> int:
+        """Plain steps before the next drafted one is due: 'auto' asks its controller (a
+        scheduled probe; 0 while drafting), 'cycle' drafts within 3 steps, 'off' never."""
+        if self.controller is not None:
+            return self.controller.steps_to_probe()
+        return 0 if self.mode != "off" else 1 << 30
+
     def observe(self, num_accepted: list[int]) -> None:
         """Drafts accepted per request in the step that ran at ``self.steps`` (only requests
         offered that many drafts say anything about the positions)."""

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 
-from sgl_spec.control.acceptance import AcceptanceModel, BudgetAcceptance, ChainAcceptance
-from sgl_spec.control.cost_model import BudgetCost, GammaTable, StepCost, predicted_speedup
+from sgl_spec.control.acceptance import AcceptanceModel, ChainAcceptance
+from sgl_spec.control.cost_model import GammaTable, StepCost, predicted_speedup
 from sgl_spec.control.step_times import StepTimes
 
 # The served controller's tuning (``ControllerConfig`` fields), one for every algorithm. T(k)
@@ -146,12 +146,11 @@ class ControllerConfig:
 class Decision:
     """What ``SpeculationController`` chose, with the numbers behind it for logging.
 
-    ``gamma`` is the tokens per request of the verify forward, ``tau`` = τ(gamma), ``lam`` the
-    predicted acceptance length; ``explore`` marks a k tried only to refresh an estimate.
-    ``source`` says where τ came from: "measured" (served step times, τ = T(0)/T(k)),
-    "table" (the γ table), "bound" (no table, T(k) not measured yet: the smallest τ(j), j <= k, measured in this
-    batch-size bucket or the nearest smaller one -- an upper bound, since T(k) >= T(j)), "prior" (nothing known yet; τ = 1) or "calibrate"
-    (k = 0 run to measure T(0))."""
+    ``gamma``: tokens per request of the verify forward; ``tau`` = τ(gamma); ``lam``: predicted
+    acceptance length; ``explore``: a k tried only to refresh an estimate. ``source``: where τ
+    came from: "measured" (served step times, τ = T(0)/T(k)), "table" (the γ table), "bound"
+    (T(k) not measured yet: the smallest measured τ(j), j <= k, here or at the nearest smaller
+    batch size, an upper bound), "prior" (nothing known, τ = 1), "calibrate" (k = 0 for T(0))."""
 
     k: int
     predicted_speedup: float
@@ -356,6 +355,14 @@ class SpeculationController:
     def choose_k(self, batch_size: int, ctx_len: int) -> int:
         return self.decide(batch_size, ctx_len).k
 
+    def steps_to_probe(self) -> int:
+        """Plain steps before the next scheduled probe (0 while probing or speculating), for
+        work a probe needs done ahead; calibration probes are not foreseen."""
+        if self._probe is not None or self.num_steps_on:
+            return 0
+        every = self.config.explore_every
+        return max(0, every * self._backoff - self.num_steps_off) if every else 1 << 30
+
     def observe_step(self, k: int, batch_size: int, seconds: float) -> None:
         """A served step with ``k`` drafts for ``batch_size`` requests took ``seconds``."""
         self.num_steps_seen += 1
@@ -375,24 +382,3 @@ class SpeculationController:
         if any(not 0 <= a <= most for a in counts):
             raise ValueError(f"num_accepted_drafts must lie in [0, {most}], got {counts}")
         self.acceptance.observe(k_used, counts)
-
-
-def budget_controller(
-    budgets: Sequence[int], max_drafts: Sequence[int], alpha: float = 0.7
-) -> SpeculationController:
-    """The served controller over draft budgets (``budgets[0]`` = 1: the root alone, no
-    drafts; ``max_drafts[k]``: the most drafts a request can accept under ``budgets[k]``),
-    calibrated online from served step times. Before a budget is observed it is expected to
-    accept a chain's worth at acceptance ``alpha`` per position, up to its ``max_drafts``.
-    Each budget is observed only while it runs, so the others are probed now and then."""
-    prior = [sum(alpha**i for i in range(1, d + 1)) for d in max_drafts]
-    # A budget's probe drafts in the step it runs (no step without drafts, as MTP_LORA's first
-    # step after k = 0 has), so probing while off costs little: every 16 steps, not 256; a
-    # plain step while speculating still costs one (T(0) refreshed every 256 steps).
-    # Acceptance moves with each request (a tree of 8 nodes accepts 1 to 4 tokens a step on
-    # one prompt or another): a budget's estimate follows within a few steps.
-    tuning = {**SERVED_TUNING, "explore_every": 16, "refresh_every": 256}
-    tuning.update(probe_others_every=32, ewma_weight=0.25, probe_on_turnover=True)
-    config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
-    acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
-    return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

@@ -68,6 +68,9 @@ logger = logging.getLogger(__name__)
 # (``_catch_up``); the environment variable sets another number, 0 none (for measuring).
 CATCH_UP_ENV = "SGLSPEC_MINEDRAFT_CATCH_UP_TOKENS"
 CATCH_UP_TOKENS = 16
+# ... only within this many plain steps of the next drafted one (a probe): the draft server's
+# work competes with the target's for the host, so it runs only where a probe will use it.
+CATCH_UP_AHEAD = 4
 
 
 class MineDraftWorker(TargetWrappingWorker):
@@ -178,7 +181,7 @@ class MineDraftWorker(TargetWrappingWorker):
             req_to_token = self.model_runner.req_to_token_pool.req_to_token
             locs = req_to_token[batch.req_pool_indices.to(torch.int64), batch.seq_lens.long()]
             self.features.store(locs, step.hidden)
-        if self.catch_up_tokens and self.steps.mode in ("auto", "cycle"):
+        if self.catch_up_tokens and self.steps.steps_to_probe() <= CATCH_UP_AHEAD:
             self._catch_up(batch)  # after the features of the tokens it sends are stored
         seconds = time.perf_counter() - tic
         bs = len(batch.reqs)
@@ -191,10 +194,10 @@ class MineDraftWorker(TargetWrappingWorker):
         return plain_result(batch, step, carried)
 
     def _catch_up(self, batch) -> None:
-        """Plain steps leave the draft server idle and behind: send it, unawaited, the tokens
-        of each request it lags ``catch_up_tokens`` or more (a new one's prompt at once), so
-        that it extends its cache on its own device while the target decodes, and the next
-        drafted step (a probe) only appends what the last few steps committed."""
+        """Plain steps leave the draft server idle and behind: a few steps before the next
+        drafted one, send it, unawaited, the tokens of each request it lags ``catch_up_tokens``
+        or more (a new one's prompt), so that it extends its cache on its own device while the
+        target decodes, and that step only appends what the last few steps committed."""
         lagging = [
             i
             for i, req in enumerate(batch.reqs)

@@ -33,7 +33,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
-from sgl_spec.control.controller import budget_controller
+from sgl_spec.control.budget import budget_controller
 from sgl_spec.control.ranks import agreed_across_ranks
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError

@@ -39,6 +39,20 @@ def test_auto_learns_acceptance_only_at_the_length_it_ran() -> None:
     assert controller.alphas[0] < before[0]
 
 
+def test_steps_to_probe_says_when_a_drafted_step_is_due() -> None:
+    """MINEDRAFT sends its draft server what it lags only this close to a drafted step."""
+    assert ChainSteps("off", 3, "x").steps_to_probe() > 10**6
+    assert ChainSteps("cycle", 3, "x").steps_to_probe() == 0
+    auto = ChainSteps("auto", 3, "x")
+    controller = auto.controller
+    controller.num_steps_off = 10  # off, 10 plain steps since the last probe
+    assert auto.steps_to_probe() == controller.config.explore_every - 10
+    controller.batch_changed(1, 1)  # a new request at one request: probed within 2 steps
+    assert auto.steps_to_probe() == 2
+    controller.num_steps_on = 1
+    assert auto.steps_to_probe() == 0
+
+
 def serve_turning_over(
     steps: ChainSteps, join_cost: float, num_steps: int = 3000, batch: int = 32, length: int = 128
 ) -> tuple[list[int], float]:

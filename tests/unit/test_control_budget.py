@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 
 from sgl_spec.control.acceptance import BudgetAcceptance, ChainAcceptance
+from sgl_spec.control.budget import budget_controller
 from sgl_spec.control.controller import (
     TURNOVER_PROBE_STEPS,
     ControllerConfig,
     SpeculationController,
-    budget_controller,
 )
 from sgl_spec.control.cost_model import BudgetCost
 from sgl_spec.control.step_times import StepClock

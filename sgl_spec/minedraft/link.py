@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -105,7 +106,7 @@ class DraftLink:
         self._silent_since: float | None = None  # unanswered, and no reply since then
         self._draft_s = 0.0  # slowest recent drafting time (decays), or a wait in vain
         self._late = False  # a sync point gave up waiting; the server has not replied since
-        self._catch_ups = 0  # catch-up jobs sent and not answered yet (``catch_up``)
+        self._unanswered: deque[bool] = deque()  # per job in submit order: a catch-up?
 
     def close(self) -> None:
         with self._lock:
@@ -173,18 +174,18 @@ class DraftLink:
         if not jobs or self._pending or not self.up:
             return False
         num_stale = self.client.num_stale
-        try:  # count the catch-up results that came back meanwhile (non-blocking)
+        try:  # take the results that came back meanwhile (non-blocking)
             self.client.collect(0.0, step_id=-1)
         except Exception as exc:
             self.fault(f"collect failed: {exc}")
             return False
-        self._catch_ups = max(0, self._catch_ups - (self.client.num_stale - num_stale))
-        if self._catch_ups >= MAX_CATCH_UPS or not self.submit(step_id, 0, jobs):
+        self._answered(self.client.num_stale - num_stale)
+        if sum(self._unanswered) >= MAX_CATCH_UPS or not self.submit(step_id, 0, jobs):
             return False
         self._pending.pop(step_id, None)  # not awaited: no wait, no hang detection
+        self._unanswered[-1] = True
         self._num_unanswered -= 1
         self._silent_since = self._silent_since if self._num_unanswered else None
-        self._catch_ups += 1
         self.num_catch_ups += 1
         return True
 
@@ -220,6 +221,7 @@ class DraftLink:
             return False
         self._removed.clear()
         self._pending[step_id] = {job.rid: len(job.tokens) for job in jobs}
+        self._unanswered.append(False)
         self._num_unanswered += 1
         if self._silent_since is None:
             self._silent_since = time.monotonic()
@@ -238,10 +240,7 @@ class DraftLink:
         except Exception as exc:
             self.fault(f"collect failed: {exc}")
             return None
-        stale = self.client.num_stale - num_stale
-        caught_up = min(stale, self._catch_ups)  # catch-up results: never counted unanswered
-        self._catch_ups -= caught_up
-        self._heard(int(result is not None) + stale - caught_up)
+        self._answered(int(result is not None) + self.client.num_stale - num_stale)
         if result is None:
             return self._missed(wait_s)
         self._draft_s = max(float(result.draft_time_s), 0.9 * self._draft_s)
@@ -260,6 +259,14 @@ class DraftLink:
 
     def _wait_budget(self) -> float:
         return min(self.timeout_s, max(SOFT_WAIT_FLOOR_S, SOFT_WAIT_FACTOR * self._draft_s))
+
+    def _answered(self, num_replies: int) -> None:
+        """``num_replies`` results arrived, the oldest unanswered jobs' (results come in submit
+        order): the server lives for each awaited one among them (catch-ups never counted)."""
+        awaited = 0
+        for _ in range(min(num_replies, len(self._unanswered))):
+            awaited += not self._unanswered.popleft()
+        self._heard(awaited)
 
     def _heard(self, num_replies: int) -> None:
         """``num_replies`` results arrived (the awaited one and stale ones): the server lives."""

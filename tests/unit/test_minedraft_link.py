@@ -137,7 +137,7 @@ def test_catch_up_sends_new_tokens_unawaited_and_never_piles_up() -> None:
     assert not link.catch_up(6, [DraftJob("a", [5, 6, 7, 8, 9, 10, 11, 12], 2)])  # awaited
     drafts, _ = link.collect(5)
     assert drafts["a"][0] == 7
-    assert link._num_unanswered == 0 and link._catch_ups == 0
+    assert link._num_unanswered == 0 and not link._unanswered
     assert link.num_faults == 0
 
 
@@ -278,6 +278,22 @@ def test_cpu_draft_server_hides_the_gpus() -> None:
     env = draft_server_env("cuda:1", base)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and "SGLANG_USE_CPU_ENGINE" not in env
     assert base == {"CUDA_VISIBLE_DEVICES": "0,1", "KEEP": "1"}
+
+
+def test_a_late_reply_taken_by_a_catch_up_counts_as_heard(monkeypatch) -> None:
+    """Results come in submit order: a late answer to an awaited step that a catch-up's look
+    takes is that step's reply (the server lives, waits are normal again), not a catch-up's."""
+    monkeypatch.setattr(link_module, "SOFT_WAIT_FLOOR_S", 0.05)
+    client = FakeClient()
+    client.latency = 0.2
+    link = DraftLink(client, timeout_s=5.0)
+    link.start()
+    assert link.submit(1, 0, [DraftJob("a", [1, 2, 3], 2)])
+    assert link.collect(1) is None and link._late  # gave up waiting
+    time.sleep(0.25)
+    assert link.catch_up(2, [DraftJob("b", [4, 5], 1)])
+    assert not link._late and link._num_unanswered == 0 and list(link._unanswered) == [True]
+    assert link.num_faults == 0
 
 
 def test_catch_up_tokens_from_the_environment(monkeypatch) -> None:

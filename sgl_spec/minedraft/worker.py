@@ -203,7 +203,7 @@ class MineDraftWorker(TargetWrappingWorker):
             for i, req in enumerate(batch.reqs)
             if self.link.lag(req.rid, _seq_total(req)) >= self.catch_up_tokens
         ]
-        self._step += 1  # on every rank alike (only rank 0 holds the server's link)
+        self._step += 1  # step ids count only on rank 0, which holds the server's link
         if lagging:
             pool_indices = batch.req_pool_indices.tolist()
             jobs = [self._job(batch.reqs[i], pool_indices[i], {}) for i in lagging]

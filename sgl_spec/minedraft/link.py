@@ -102,11 +102,15 @@ class DraftLink:
         return True
 
     def _reset_waits(self) -> None:
-        self._num_unanswered = 0  # submitted requests without a reply yet
-        self._silent_since: float | None = None  # unanswered, and no reply since then
+        self._unanswered: deque[bool] = deque()  # per job sent, in submit order: awaited?
+        self._silent_since: float | None = None  # awaited, unanswered, and no reply since then
         self._draft_s = 0.0  # slowest recent drafting time (decays), or a wait in vain
         self._late = False  # a sync point gave up waiting; the server has not replied since
-        self._unanswered: deque[bool] = deque()  # per job in submit order: a catch-up?
+
+    @property
+    def _num_unanswered(self) -> int:
+        """Awaited jobs without a reply yet."""
+        return sum(self._unanswered)
 
     def close(self) -> None:
         with self._lock:
@@ -180,17 +184,17 @@ class DraftLink:
             self.fault(f"collect failed: {exc}")
             return False
         self._answered(self.client.num_stale - num_stale)
-        if sum(self._unanswered) >= MAX_CATCH_UPS or not self.submit(step_id, 0, jobs):
+        catch_ups = len(self._unanswered) - self._num_unanswered
+        if catch_ups >= MAX_CATCH_UPS or not self.submit(step_id, 0, jobs, awaited=False):
             return False
-        self._pending.pop(step_id, None)  # not awaited: no wait, no hang detection
-        self._unanswered[-1] = True
-        self._num_unanswered -= 1
-        self._silent_since = self._silent_since if self._num_unanswered else None
         self.num_catch_ups += 1
         return True
 
-    def submit(self, step_id: int, batch_id: int, jobs: Sequence[DraftJob]) -> bool:
-        """Send one draft batch; False (and a fault) if the server cannot take it."""
+    def submit(
+        self, step_id: int, batch_id: int, jobs: Sequence[DraftJob], awaited: bool = True
+    ) -> bool:
+        """Send one draft batch; False (and a fault) if the server cannot take it. A batch not
+        ``awaited`` (``catch_up``) is never collected: no wait, no hang detection."""
         if not self.up:
             return False
         entries = []
@@ -220,11 +224,11 @@ class DraftLink:
             self.fault(f"submit failed: {exc}")
             return False
         self._removed.clear()
-        self._pending[step_id] = {job.rid: len(job.tokens) for job in jobs}
-        self._unanswered.append(False)
-        self._num_unanswered += 1
-        if self._silent_since is None:
-            self._silent_since = time.monotonic()
+        self._unanswered.append(awaited)
+        if awaited:
+            self._pending[step_id] = {job.rid: len(job.tokens) for job in jobs}
+            if self._silent_since is None:
+                self._silent_since = time.monotonic()
         return True
 
     def collect(self, step_id: int) -> tuple[dict[str, tuple[int, np.ndarray]], float] | None:
@@ -262,19 +266,13 @@ class DraftLink:
 
     def _answered(self, num_replies: int) -> None:
         """``num_replies`` results arrived, the oldest unanswered jobs' (results come in submit
-        order): the server lives for each awaited one among them (catch-ups never counted)."""
+        order): the server lives if an awaited one is among them (catch-ups never count)."""
         awaited = 0
         for _ in range(min(num_replies, len(self._unanswered))):
-            awaited += not self._unanswered.popleft()
-        self._heard(awaited)
-
-    def _heard(self, num_replies: int) -> None:
-        """``num_replies`` results arrived (the awaited one and stale ones): the server lives."""
-        if num_replies <= 0:
-            return
-        self._num_unanswered = max(0, self._num_unanswered - num_replies)
-        self._silent_since = time.monotonic() if self._num_unanswered else None
-        self._late = False
+            awaited += self._unanswered.popleft()
+        if awaited:
+            self._silent_since = time.monotonic() if self._num_unanswered else None
+            self._late = False
 
     def _missed(self, wait_s: float) -> None:
         """No drafts in time: a fault once the server has been silent for ``timeout_s``, else

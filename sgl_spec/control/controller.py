@@ -15,16 +15,14 @@ keeps per-position acceptance estimates and returns the k with the highest predi
 (speculation off); the served step times of online calibration are ``step_times.py``.
 
 Online calibration (beyond the paper): an offline τ table times a bare forward, while a served
-step also pays the method's own work (masks, tree attention, acceptance). With
-``calibrate_steps > 0`` the controller keeps ``StepTimes``, the lower quartile of recent served
-step times per batch-size bucket and k (not a mean: a fresh server's first steps and host
-contention make steps slower, never faster); once T(k) and T(0) are measured in a bucket,
-S = λ(k)·T(0)/T(k) replaces equation 1 there (δ folded into the measured T(k)). An unmeasured
-k is bounded by the step times of the smaller k measured so far, or of the same k at a
-smaller batch (more tokens per request never cost less, τ does not rise with batch size): it
-is probed only if that optimistic bound could beat k = 0. Periodic probes keep every estimate
-fresh: of k = 0 (T(0)) while speculating, of k > 0 (T(k) and α) while speculation is off, at
-intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it.
+step also pays the method's own work. With ``calibrate_steps > 0`` the controller keeps
+``StepTimes`` (served step times per batch-size bucket and k); once T(k) and T(0) are measured
+in a bucket, S = λ(k)·T(0)/T(k) replaces equation 1 there. An unmeasured k is bounded by the
+times of the smaller k measured so far, or of the same k at a smaller batch (τ does not rise
+with batch size): it is probed only if that optimistic bound could beat k = 0. Periodic probes
+keep every estimate fresh: of k = 0 while speculating, of k > 0 while off, at intervals that
+double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it, and that are
+long enough for the probes to cost at most ``probe_budget`` of serving time (``probes.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from numbers import Integral
 
 from sgl_spec.control.acceptance import AcceptanceModel, ChainAcceptance
 from sgl_spec.control.cost_model import GammaTable, StepCost, predicted_speedup
+from sgl_spec.control.probes import ProbePrices, served_budget
 from sgl_spec.control.step_times import StepTimes
 
 # The served controller's tuning (``ControllerConfig`` fields), one for every algorithm. T(k)
@@ -44,7 +43,8 @@ from sgl_spec.control.step_times import StepTimes
 # decode steps run several times slower than the rest (lazy initialisation); with them in T(0)
 # a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``.
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
-                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10}  # fmt: skip
+                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
+                 "probe_budget": served_budget()}  # fmt: skip
 
 # A chain's controller (STANDALONE_FULL, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
 # property of the requests, so a batch that turned over is probed again; and positions past
@@ -105,6 +105,9 @@ class ControllerConfig:
     within ``TURNOVER_PROBE_STEPS`` steps and reset the backoff: acceptance is a property of
     the requests, and what left drafting off may have left with them (at one request, every
     new request is a new batch); and a smaller batch has more idle compute for drafts."""
+    probe_budget: float = 0.0
+    """With calibration, the most of serving time probes while off may cost: the wait between
+    them is at least their predicted or realised loss over it (``probes.py``; 0: no minimum)."""
     warmup_steps: int = 0
     """With calibration, the first steps a server runs are plain (k = 0) and their times are not
     recorded: lazy initialisation makes them several times slower than the rest, and T(0) is
@@ -207,6 +210,9 @@ class SpeculationController:
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
         self._probed_batch_size = 0  # at the last probe
         self._probe: tuple[int, int] | None = None  # (k, steps left)
+        self.prices = ProbePrices(self.config.probe_budget, self.config.probe_steps)  # validates
+        self._since_probe = 0  # decisions since the last probe started
+        self._priced_wait = 0  # the least wait after it, as last priced
 
     @property
     def calibrating(self) -> bool:
@@ -265,6 +271,7 @@ class SpeculationController:
         return top
 
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
+        self._since_probe += 1
         if self._probe is not None:
             k, left = self._probe
             self._probe = (k, left - 1) if left > 1 else None
@@ -299,11 +306,16 @@ class SpeculationController:
             return decision
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
-            self.num_steps_off = 0
-            # Each probe that leaves speculation off doubles the wait for the next one.
-            self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
             explore = self.best(batch_size, ctx_len, min_k=1)
-            return self._start_probe(explore, batch_size)
+            self._priced_wait = self.prices.wait(
+                batch_size, explore.tau, explore.lam, explore.source == "measured"
+            )
+            if self._since_probe >= self._priced_wait:
+                self.num_steps_off = 0
+                # Each probe that leaves speculation off doubles the wait for the next one.
+                self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
+                self.prices.opened(explore.k)
+                return self._start_probe(explore, batch_size)
         self.num_steps_off += 1
         return decision
 
@@ -347,6 +359,7 @@ class SpeculationController:
     ) -> Decision:
         self._joined = 0
         self._probed_batch_size = batch_size
+        self._since_probe = 0
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
             self._probe = (decision.k, steps - 1)
@@ -361,21 +374,24 @@ class SpeculationController:
         if self._probe is not None or self.num_steps_on:
             return 0
         every = self.config.explore_every
-        return max(0, every * self._backoff - self.num_steps_off) if every else 1 << 30
+        if not every:
+            return 1 << 30
+        due = every * self._backoff - self.num_steps_off
+        return max(0, due, self._priced_wait - self._since_probe)
 
     def observe_step(self, k: int, batch_size: int, seconds: float) -> None:
         """A served step with ``k`` drafts for ``batch_size`` requests took ``seconds``."""
         self.num_steps_seen += 1
         if self.calibrating and self.num_steps_seen > self.config.warmup_steps:
             self.times.update(batch_size, k, seconds)
+            t0, lam = self.times.get(batch_size, 0), self.acceptance_length(k)
+            self.prices.observed(k, batch_size, seconds, t0, lam)
 
     def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
         """Update the acceptance model from one request's accepted-draft count, or one count
         per request of a batch, at setting ``k_used``."""
-        if isinstance(num_accepted_drafts, Integral):
-            counts = [int(num_accepted_drafts)]
-        else:
-            counts = [int(a) for a in num_accepted_drafts]
+        one = isinstance(num_accepted_drafts, Integral)
+        counts = [int(a) for a in ([num_accepted_drafts] if one else num_accepted_drafts)]
         if k_used < 0 or k_used > self.config.k_max:
             raise ValueError(f"k_used must lie in [0, {self.config.k_max}], got {k_used}")
         most = self.acceptance.most_accepted(k_used)

@@ -1,0 +1,94 @@
+"""What a probe costs while speculation is off, and so how long to wait before the next one.
+
+While speculation is off, ``SpeculationController`` probes a setting k > 0 now and then (and
+when the batch turns over) so that its acceptance and step-time estimates can recover. Where
+drafting is far from paying -- a large batch, where a verify of several tokens per request
+costs several plain steps -- each probe step loses what the probe measures: a step of T(k)
+that commits λ(k) tokens per request, against λ(k) plain steps of T(0). In plain steps,
+
+    L(k) = T(k) / T(0) - λ(k)      (0 where the probe pays)
+
+``ProbePrices`` keeps the probes' share of serving time under ``budget``: after a probe of
+``steps`` steps the next one waits at least ``steps`` · L / ``budget`` steps. L is the larger
+of the prediction (measured T(k), running λ(k)) and what recent probes of that batch-size
+bucket realised: a probe's first step can cost more than a typical step of its setting (a
+draft model first reads the tokens committed while it was off), which the lower quartile of
+``StepTimes`` leaves out. An unmeasured setting costs nothing to price (L = 0): it is explored.
+Pure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from sgl_spec.control.step_times import batch_bucket
+
+# Weight of a probe step's realised loss in its bucket's running estimate.
+REALISED_WEIGHT = 0.25
+# The served controllers' budget (``SERVED_TUNING``); the environment variable sets another
+# share, 0 no minimum wait (for measuring what the pricing does).
+BUDGET_ENV = "SGLSPEC_PROBE_BUDGET"
+SERVED_BUDGET = 0.03
+
+
+def served_budget() -> float:
+    """``SERVED_BUDGET``, or the share ``SGLSPEC_PROBE_BUDGET`` names."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if not text:
+        return SERVED_BUDGET
+    try:
+        budget = float(text)
+    except ValueError:
+        raise ValueError(f"{BUDGET_ENV} must be a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= budget < 1.0:
+        raise ValueError(f"{BUDGET_ENV} must be a number in [0, 1), got {text!r}")
+    return budget
+
+
+class ProbePrices:
+    """The minimum wait between probes while off (module docstring); ``budget`` 0 is no
+    minimum."""
+
+    def __init__(self, budget: float, steps: int) -> None:
+        if not 0.0 <= budget < 1.0:
+            raise ValueError(f"probe_budget must lie in [0, 1), got {budget}")
+        self.budget = budget
+        self.steps = steps
+        self._realised: dict[int, float] = {}  # bucket -> running loss of a probe step
+        self._open: tuple[int, int] | None = None  # (k, probe steps not yet observed)
+
+    def loss(self, batch_size: int, tau: float, lam: float, measured: bool) -> float:
+        """Plain steps lost per probe step of a setting of τ = T(0)/T(k), λ(k) = ``lam``
+        (``measured``: τ from served step times, else nothing is known: 0)."""
+        if not measured or tau <= 0:
+            return 0.0
+        predicted = max(0.0, 1.0 / tau - lam)
+        return max(predicted, self._realised.get(batch_bucket(batch_size), 0.0))
+
+    def wait(self, batch_size: int, tau: float, lam: float, measured: bool) -> int:
+        """Steps from one probe's start to the next's, at least."""
+        if not self.budget:
+            return 0
+        lost = self.steps * self.loss(batch_size, tau, lam, measured)
+        return math.ceil(lost / self.budget)
+
+    def opened(self, k: int) -> None:
+        """A probe of setting ``k`` starts while speculation is off."""
+        self._open = (k, self.steps)
+
+    def observed(
+        self, k: int, batch_size: int, seconds: float, t0: float | None, lam: float
+    ) -> None:
+        """A served step of setting ``k`` took ``seconds`` (T(0) = ``t0`` in its bucket, λ(k)
+        = ``lam``); it counts if it is one of the open probe's steps."""
+        if self._open is None or k != self._open[0] or t0 is None or t0 <= 0:
+            return
+        left = self._open[1] - 1
+        self._open = (k, left) if left > 0 else None
+        bucket = batch_bucket(batch_size)
+        lost = max(0.0, seconds / t0 - lam)
+        before = self._realised.get(bucket)
+        self._realised[bucket] = (
+            lost if before is None else before + REALISED_WEIGHT * (lost - before)
+        )

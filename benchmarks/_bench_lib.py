@@ -103,8 +103,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     "mtp_lora_off": Algorithm(
         ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "0"), own_speculative_flags=True
     ),
-    # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks
+    # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks,
+    # at its default: the node budget chosen per step (--specblock-budget auto)
     "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
+    # the fixed budget: up to --specblock-max-nodes nodes every step
+    "specblock-fixed": Algorithm(
+        ("--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "fixed"),
+        own_speculative_flags=True,
+    ),
     # the node budget chosen per step by the speculation controller (sgl_spec/control), up to
     # the shipped --specblock-max-nodes; budget 1 is a step without drafts
     "specblock-auto": Algorithm(
@@ -125,6 +131,8 @@ ALGORITHMS: dict[str, Algorithm] = {
             "SPECBLOCK",
             "--specblock-drafter-path",
             "sgl-spec/tiny-code-specblock-k1",
+            "--specblock-budget",
+            "fixed",
         ),
         (("--specblock-m", "8"),),
         own_speculative_flags=True,

@@ -14,8 +14,9 @@ prediction is an upper bound on what the engine can give at that acceptance. Per
   tokens, the draft runs ``s - 1`` one-token decodes and one extend of ``s + 2`` tokens (the
   accepted tokens and the bonus, ``standalone_full_context``);
 - ``mtp_lora`` (``k`` drafts): one target forward of ``(k + 1)²`` tokens (anchors and masks);
-- ``specblock`` (``n`` tree nodes): a target verify of ``n`` tokens plus the drafter, whose
-  share of the step (T_D%) the server measures, so that row is part measured.
+- ``specblock-fixed`` (``n`` tree nodes every step; ``specblock`` in runs before SPECBLOCK's
+  default became the controller, 2026-12-02): a target verify of ``n`` tokens plus the drafter,
+  whose share of the step (T_D%) the server measures, so that row is part measured.
 
 The measured step, in target decodes, follows from the measured speedup and acceptance
 (speedup = acceptance x T(1) / step); its excess over the forward-cost step is the served
@@ -86,7 +87,7 @@ def step_cost(
         )
     if algorithm == "mtp_lora":
         return interpolate(target, (args.mtp_k + 1) ** 2)
-    if algorithm == "specblock" and t_d_share is not None and t_d_share < 1:
+    if algorithm == "specblock-fixed" and t_d_share is not None and t_d_share < 1:
         return interpolate(target, args.specblock_nodes) / (1 - t_d_share)
     return None
 

@@ -56,13 +56,13 @@ class SpecBlockFlags:
         bounds=(2, MAX_SPECBLOCK_NODES),
     )
     specblock_budget: str = flag(
-        "fixed",
+        "auto",
         "--specblock-budget",
-        "SPECBLOCK: 'fixed' (default) verifies up to --specblock-max-nodes nodes every step;"
-        " 'auto' lets the speculation controller (sgl_spec/control) choose each step's node"
-        " budget among 1 (no drafts: a plain decode step), 2, 4, ... and"
+        "SPECBLOCK: 'auto' (default) lets the speculation controller (sgl_spec/control) choose"
+        " each step's node budget among 1 (no drafts: a plain decode step), 2, 4, ... and"
         " --specblock-max-nodes, from the measured step time and the running acceptance of"
-        " each budget at the current batch size; 'cycle' takes those budgets in turn, one"
+        " each budget at the current batch size; 'fixed' verifies up to --specblock-max-nodes"
+        " nodes every step; 'cycle' takes those budgets in turn, one"
         " step each (every switch exercised: for tests, not for serving); 'off' verifies the"
         " root alone every step (the floor 'auto' falls back to; for measuring it).",
         choices=("fixed", "auto", "cycle", "off"),

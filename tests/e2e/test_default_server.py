@@ -123,10 +123,14 @@ def _only_algorithm_flag(algorithm: str, log_path, *extra: str) -> dict:
 
 def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:
     """`--speculative-algorithm SPECBLOCK` alone: the shipped target and the shipped SpecBlock
-    drafter, whose drafts are accepted; greedy output equals the (lossless) default server's."""
-    out = _only_algorithm_flag("SPECBLOCK", tmp_path / "specblock.log")
+    drafter under the node-budget controller (the default), whose calibration drafts at every
+    budget on a fresh server whatever the host (so drafts are accepted, if not as many as the
+    fixed budget's); greedy output equals the (lossless) default server's."""
+    log = tmp_path / "specblock.log"
+    out = _only_algorithm_flag("SPECBLOCK", log, "--log-level", "info")  # (to see the budget)
     assert out["output_ids"] == reference["output_ids"]
-    assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
+    assert out["meta_info"]["spec_accept_length"] > 1.0, out["meta_info"]
+    assert "node budget per step (auto)" in log.read_text(errors="replace")
 
 
 def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:

@@ -71,7 +71,7 @@ SERVERS = {
     ],
     "specblock": [
         *COMMON,
-        "--speculative-algorithm", "SPECBLOCK",
+        "--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "fixed",
         "--specblock-adapt", "--specblock-adapt-options", ADAPT_OPTIONS,
     ],
     "mtp_lora": [*COMMON, "--speculative-algorithm", "MTP_LORA", "--mtp-k", "2"],

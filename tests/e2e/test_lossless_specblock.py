@@ -46,13 +46,16 @@ def drafter(tiny_specblock_drafter):
     return tiny_specblock_drafter
 
 
-def _specblock_args(target, drafter, max_nodes: int = 16) -> list[str]:
+def _specblock_args(target, drafter, max_nodes: int = 16, budget: str = "fixed") -> list[str]:
+    """A budget of ``max_nodes`` every step unless ``budget`` says otherwise (the default,
+    auto, may rightly keep drafting off on this host: these tests need drafted steps)."""
     return [
         "--model-path", str(target),
         "--speculative-algorithm", "SPECBLOCK",
         "--specblock-drafter-path", str(drafter),
         "--specblock-m", "2",
         "--specblock-max-nodes", str(max_nodes),
+        "--specblock-budget", budget,
         # Each request reserves 2 x 16 KV slots per step; bound the 6000-request batch.
         "--max-running-requests", "256",
         "--log-level", "info",
@@ -76,8 +79,8 @@ def servers(tiny_models, drafter, tmp_path_factory):
         {
             "specblock": args,
             "specblock_adapt": adapt,
-            "specblock_cycle": [*args, "--specblock-budget", "cycle"],
-            "specblock_auto": [*args, "--specblock-budget", "auto"],
+            "specblock_cycle": _specblock_args(tiny_models["target"], drafter, budget="cycle"),
+            "specblock_auto": _specblock_args(tiny_models["target"], drafter, budget="auto"),
         },
         tmp_path_factory.mktemp("specblock_logs"),
     )

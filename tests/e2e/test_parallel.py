@@ -108,7 +108,7 @@ SHIPPED_TEMPERATURE = 1.0
 SHIPPED_NUM_SAMPLES = 2500
 TWO_RANK_ALGORITHMS = {
     "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
-    "SPECBLOCK": ["--max-running-requests", "256"],
+    "SPECBLOCK": ["--specblock-budget", "fixed", "--max-running-requests", "256"],
     "MINEDRAFT": ["--max-running-requests", "256"],
 }
 

@@ -461,13 +461,15 @@ def assert_idle(url: str, idle_used: int, timeout: float = IDLE_TIMEOUT_S) -> No
 
 # ---- servers and the reference -----------------------------------------------------------------
 
-# The shipped models with each algorithm's defaults, but MTP_LORA drafting every step (k = 2;
-# its default k auto mostly turns speculation off on a CPU host).
+# The shipped models with each algorithm's defaults, but drafting every step: MTP_LORA at k = 2,
+# SPECBLOCK at its fixed budget, STANDALONE_FULL's fixed chain (their default controllers mostly
+# turn speculation off on a CPU host at some loads).
 SERVER_ARGS = {
     "none": ["--model-path", DEFAULT_TARGET],
     **{name: ["--speculative-algorithm", name] for name in ALGORITHMS},
     # fixed settings: every case must go through drafted, verified steps
     "MTP_LORA": ["--speculative-algorithm", "MTP_LORA", "--mtp-k", "2"],
+    "SPECBLOCK": ["--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "fixed"],
     "STANDALONE_FULL": [
         "--speculative-algorithm",
         "STANDALONE_FULL",

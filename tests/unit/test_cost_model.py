@@ -36,7 +36,7 @@ def test_step_costs_and_predicted_speedup() -> None:
         {"algorithm": "standalone-fixed", "mean_accept_length": 3.0,
          "ratios": {"output_throughput": 1.1, "output_throughput_paired": 1.05}},
         {"algorithm": "mtp_lora", "mean_accept_length": 2.0, "ratios": {"output_throughput": 0.9}},
-        {"algorithm": "specblock", "mean_accept_length": 3.5, "draft_share_pct": 50.0,
+        {"algorithm": "specblock-fixed", "mean_accept_length": 3.5, "draft_share_pct": 50.0,
          "ratios": {"output_throughput": 0.8}},
         {"algorithm": "hf", "mean_accept_length": None, "ratios": {"output_throughput": 0.7}},
     ]}  # fmt: skip
@@ -50,7 +50,7 @@ def test_step_costs_and_predicted_speedup() -> None:
     assert rows["standalone-fixed"]["measured_step_in_decodes"] == pytest.approx(3.0 / 1.05)
     assert rows["standalone-fixed"]["accept_needed"] == pytest.approx(1.3 * standalone / 10.0)
     assert rows["mtp_lora"]["predicted_speedup"] == pytest.approx(2.0 * 10.0 / 18.0)  # 9 tokens
-    assert rows["specblock"]["step_in_decodes"] == pytest.approx(2 * 17.0 / 10.0)  # 8 nodes
+    assert rows["specblock-fixed"]["step_in_decodes"] == pytest.approx(2 * 17.0 / 10.0)  # 8 nodes
     assert "predicted_speedup" not in rows["hf"]
     assert "none" not in rows
 

@@ -26,10 +26,12 @@ from sgl_spec.control.step_times import batch_bucket
 
 # Weight of a probe step's realised loss in its bucket's running estimate.
 REALISED_WEIGHT = 0.25
-# The served controllers' budget (``SERVED_TUNING``); the environment variable sets another
-# share, 0 no minimum wait (for measuring what the pricing does).
+# The served controllers' budget (``SERVED_TUNING``): 0, no minimum wait, until the price
+# shows a gain served (it did not on the 2026-12-02 draw, and at one request it delayed the
+# probe of each new request, whose acceptance the population's predicts poorly: RESULTS.md);
+# the environment variable sets a share, e.g. 0.03 (for measuring).
 BUDGET_ENV = "SGLSPEC_PROBE_BUDGET"
-SERVED_BUDGET = 0.03
+SERVED_BUDGET = 0.0
 
 
 def served_budget() -> float:

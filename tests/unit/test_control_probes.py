@@ -70,12 +70,12 @@ def serve_off(ctrl: SpeculationController, bs: int, steps: int, turnover_every: 
 
 
 def test_probes_cost_at_most_their_budget_where_nothing_pays() -> None:
-    """SPECBLOCK's tuning probes every 16 steps and on every turnover; with the price, at a
-    large batch where a probe loses most of its steps, probes stay within 3% of the time."""
+    """SPECBLOCK's tuning probes every 16 steps and on every turnover; with a price of 3%, at
+    a large batch where a probe loses most of its steps, probes stay within 3% of the time."""
     priced = budget_controller(BUDGETS, MAX_DRAFTS)
-    assert priced.config.probe_budget == pytest.approx(0.03)
+    priced.prices = ProbePrices(0.03, priced.config.probe_steps)
     unpriced = budget_controller(BUDGETS, MAX_DRAFTS)
-    unpriced.prices = ProbePrices(0.0, unpriced.config.probe_steps)
+    assert unpriced.config.probe_budget == 0.0  # the served default (``SERVED_BUDGET``)
     serve_off(priced, 32, 300, turnover_every=0)  # calibrated, off
     serve_off(unpriced, 32, 300, turnover_every=0)
     assert serve_off(priced, 32, 4000, turnover_every=40) <= 0.035
@@ -86,6 +86,7 @@ def test_a_probe_that_nearly_pays_is_not_delayed() -> None:
     """Where a setting loses little (T(k) barely above λ(k) plain steps), the price allows
     probes as often as the backoff does."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    ctrl.prices = ProbePrices(0.03, ctrl.config.probe_steps)
     for _ in range(300):
         k = ctrl.choose_k(4, 256)
         ctrl.observe_step(k, 4, 0.01 * (1 + 0.75 * (BUDGETS[k] - 1)) if k else 0.01)
@@ -95,9 +96,9 @@ def test_a_probe_that_nearly_pays_is_not_delayed() -> None:
 
 def test_the_environment_sets_the_served_budget(monkeypatch) -> None:
     monkeypatch.delenv(BUDGET_ENV, raising=False)
-    assert served_budget() == pytest.approx(0.03)
-    monkeypatch.setenv(BUDGET_ENV, "0")
     assert served_budget() == 0.0
+    monkeypatch.setenv(BUDGET_ENV, "0.03")
+    assert served_budget() == pytest.approx(0.03)
     for bad in ("x", "1.5", "-1"):
         monkeypatch.setenv(BUDGET_ENV, bad)
         with pytest.raises(ValueError, match=BUDGET_ENV):

@@ -307,9 +307,8 @@ class SpeculationController:
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
             explore = self.best(batch_size, ctx_len, min_k=1)
-            self._priced_wait = self.prices.wait(
-                batch_size, explore.tau, explore.lam, explore.source == "measured"
-            )
+            measured = explore.source == "measured"
+            self._priced_wait = self.prices.wait(batch_size, explore.tau, explore.lam, measured)
             if self._since_probe >= self._priced_wait:
                 self.num_steps_off = 0
                 # Each probe that leaves speculation off doubles the wait for the next one.
@@ -384,8 +383,9 @@ class SpeculationController:
         self.num_steps_seen += 1
         if self.calibrating and self.num_steps_seen > self.config.warmup_steps:
             self.times.update(batch_size, k, seconds)
-            t0, lam = self.times.get(batch_size, 0), self.acceptance_length(k)
-            self.prices.observed(k, batch_size, seconds, t0, lam)
+            if self.prices.budget:  # else nothing is priced: no per-step lookups
+                t0, lam = self.times.get(batch_size, 0), self.acceptance_length(k)
+                self.prices.observed(k, batch_size, seconds, t0, lam)
 
     def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
         """Update the acceptance model from one request's accepted-draft count, or one count

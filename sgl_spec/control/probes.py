@@ -76,8 +76,10 @@ class ProbePrices:
         return math.ceil(lost / self.budget)
 
     def opened(self, k: int) -> None:
-        """A probe of setting ``k`` starts while speculation is off."""
-        self._open = (k, self.steps)
+        """A probe of setting ``k`` starts while speculation is off (followed only with a
+        budget: without one nothing is priced)."""
+        if self.budget:
+            self._open = (k, self.steps)
 
     def observed(
         self, k: int, batch_size: int, seconds: float, t0: float | None, lam: float

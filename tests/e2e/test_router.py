@@ -35,7 +35,10 @@ class Router:
         self.log_path = log_path
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                "--port", self.url.rsplit(":", 1)[1], "--policy", "round_robin",
-               "--worker-urls", *workers]  # fmt: skip
+               "--worker-urls", *workers,
+               # SGLang's /health runs a one-token generate and gives itself 20 s; the router's
+               # 5 s default can miss it on a loaded 2-core host, and it then never registers.
+               "--health-check-timeout-secs", "30"]  # fmt: skip
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             cmd,
@@ -80,6 +83,19 @@ def _requests_served(server: Server) -> float:
     )
 
 
+def _replica_report(replicas: list[Server]) -> str:
+    lines = []
+    for server in replicas:
+        start = time.monotonic()
+        try:
+            status = requests.get(server.url + "/health", timeout=60).status_code
+        except requests.RequestException as exc:
+            status = repr(exc)
+        lines.append(f"{server.url}: /health {status} in {time.monotonic() - start:.1f}s")
+        lines.append(server.tail(20))
+    return "\n".join(lines)
+
+
 def test_two_replicas_behind_the_router_serve_greedy_equal(
     tiny_models, baseline_greedy, tmp_path
 ) -> None:
@@ -95,7 +111,10 @@ def test_two_replicas_behind_the_router_serve_greedy_equal(
             if start.exception() is not None:
                 raise start.exception()
         assert [s.draft_servers() for s in replicas] == [1, 1]  # one draft server per replica
-        router = Router([s.url for s in replicas], tmp_path / "router.log")
+        try:
+            router = Router([s.url for s in replicas], tmp_path / "router.log")
+        except TimeoutError as exc:  # say what each replica's /health answered, and its log
+            raise TimeoutError(f"{exc}\n{_replica_report(replicas)}") from exc
         expected = baseline_greedy["short"]
         singles = [router.post("/generate", {"text": p, "sampling_params": GREEDY})
                    for p in PROMPTS]  # fmt: skip

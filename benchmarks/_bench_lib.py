@@ -137,19 +137,39 @@ ALGORITHMS: dict[str, Algorithm] = {
         (("--specblock-m", "8"),),
         own_speculative_flags=True,
     ),
-    # the draft server on a core of its own (cpu:1, the last core); the target keeps the rest
+    # the draft server on a core of its own (cpu:1, the last core); the target keeps the rest;
+    # at its default: the drafts of each step chosen by the controller (--minedraft-steps auto)
     "minedraft": Algorithm(
         ("--speculative-algorithm", "MINEDRAFT"),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
+    # the fixed chain: --speculative-num-steps drafts every step
+    "minedraft-fixed": Algorithm(
+        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "fixed"),
+        (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
+    ),
     # the shipped SpecBlock drafter (K = 4) in the draft server: one block per step
     "minedraft-specblock": Algorithm(
-        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-drafter", "specblock"),
+        (
+            "--speculative-algorithm",
+            "MINEDRAFT",
+            "--minedraft-drafter",
+            "specblock",
+            "--minedraft-steps",
+            "fixed",
+        ),
         (("--speculative-num-steps", "4"), ("--speculative-draft-device", "cpu:1")),
     ),
     # the same, every step standard SD through the draft server: what the overlap gains
     "minedraft-sequential": Algorithm(
-        ("--speculative-algorithm", "MINEDRAFT", "--minedraft-overlap", "off"),
+        (
+            "--speculative-algorithm",
+            "MINEDRAFT",
+            "--minedraft-overlap",
+            "off",
+            "--minedraft-steps",
+            "fixed",
+        ),
         (("--speculative-num-steps", "3"), ("--speculative-draft-device", "cpu:1")),
     ),
     # drafts verified per step chosen by the speculation controller, 0 (a plain decode step,

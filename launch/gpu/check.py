@@ -98,9 +98,18 @@ def variants(
     md_device = ["--speculative-draft-device", "cuda:1" if _gpus() > 1 else "cpu"]
     if not cuda:
         md_device = ["--speculative-draft-device", "cpu:1"]
-    minedraft = ["--speculative-algorithm", "MINEDRAFT", "--speculative-num-steps", "3",
-                 "--speculative-num-draft-tokens", str(DRAFT_TOKENS), *md_device]  # fmt: skip
-    standalone = ["--speculative-algorithm", "STANDALONE_FULL", *CHAIN]
+    # every draft verified (not the controller's choice): the identical draft's acceptance is
+    # the engine's upper bound, and the bench compares fixed chains
+    minedraft = ["--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "fixed",
+                 "--speculative-num-steps", "3", "--speculative-num-draft-tokens",
+                 str(DRAFT_TOKENS), *md_device]  # fmt: skip
+    standalone = [
+        "--speculative-algorithm",
+        "STANDALONE_FULL",
+        "--standalone-steps",
+        "fixed",
+        *CHAIN,
+    ]
     out: dict[str, tuple[list[str], float]] = {"none": ([], 0.0)}
     if cuda:
         out["none_eager"] = (EAGER, 0.0)

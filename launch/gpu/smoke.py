@@ -191,6 +191,8 @@ def lossless_cases(models: dict, cuda: bool, gpus: int) -> dict[str, tuple[list[
     minedraft = [
         "--speculative-algorithm",
         "MINEDRAFT",
+        "--minedraft-steps",
+        "fixed",
         "--speculative-num-steps",
         "3",
         "--speculative-num-draft-tokens",

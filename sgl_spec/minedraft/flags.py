@@ -55,10 +55,10 @@ class MineDraftFlags:
         choices=("on", "off"),
     )
     minedraft_steps: str = flag(
-        "fixed",
+        "auto",
         "--minedraft-steps",
-        "MINEDRAFT: drafts verified per request each step: 'fixed' (default) all"
-        " --speculative-num-steps; 'auto' lets the speculation controller (sgl_spec/control)"
+        "MINEDRAFT: drafts verified per request each step: 'fixed' all"
+        " --speculative-num-steps; 'auto' (default) lets the speculation controller (sgl_spec/control)"
         " choose each step's number among 0 (a plain decode step of the whole batch that"
         " waits for nothing from the draft server; a few steps before a drafted one it sends"
         " the server, unawaited, the tokens of requests it lags by 16 or more) .."

@@ -138,10 +138,12 @@ def test_specblock_needs_no_other_flag(reference, tmp_path) -> None:
 
 def test_minedraft_needs_no_other_flag(reference, tmp_path) -> None:
     """`--speculative-algorithm MINEDRAFT` alone: the shipped draft model in a draft server on
-    its own core (cpu:1); greedy output equals the default server's, drafts are accepted."""
+    its own core (cpu:1), under the controller (the default), whose calibration drafts on a
+    fresh server whatever the host; greedy output equals the default server's, drafts are
+    accepted."""
     out = _only_algorithm_flag("MINEDRAFT", tmp_path / "minedraft.log")
     assert out["output_ids"] == reference["output_ids"]
-    assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
+    assert out["meta_info"]["spec_accept_length"] > 1.0, out["meta_info"]
 
 
 def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) -> None:
@@ -150,8 +152,9 @@ def test_minedraft_hosting_specblock_needs_no_other_flag(reference, tmp_path) ->
     log = tmp_path / "minedraft_specblock.log"
     # (--log-level info only to see which drafter the draft server hosts)
     out = _only_algorithm_flag(
-        "MINEDRAFT", log, "--minedraft-drafter", "specblock", "--log-level", "info"
-    )
+        "MINEDRAFT", log, "--minedraft-drafter", "specblock", "--minedraft-steps", "fixed",
+        "--log-level", "info",
+    )  # fmt: skip
     assert out["output_ids"] == reference["output_ids"]
     assert out["meta_info"]["spec_accept_length"] >= 1.5, out["meta_info"]
     assert "(specblock " in log.read_text(errors="replace")

@@ -63,7 +63,7 @@ COMMON = [
 SERVERS = {
     "minedraft": [
         *COMMON,
-        "--speculative-algorithm", "MINEDRAFT",
+        "--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "fixed",
         "--speculative-draft-device", "cpu:1",
         "--speculative-num-steps", "3",
         "--minedraft-draft-timeout", str(DRAFT_TIMEOUT_S),

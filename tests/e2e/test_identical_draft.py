@@ -24,7 +24,7 @@ MIN_SHARE = 0.95
 CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "4"]  # fmt: skip
 MINEDRAFT_CHAIN = ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
-                   "--speculative-draft-device", "cpu:1"]  # fmt: skip
+                   "--speculative-draft-device", "cpu:1", "--minedraft-steps", "fixed"]  # fmt: skip
 FULL_TREE = ["--speculative-num-steps", "2", "--speculative-eagle-topk", "2",
              "--speculative-num-draft-tokens", "7"]  # fmt: skip
 FIXED = ["--standalone-steps", "fixed"]

@@ -67,8 +67,8 @@ def servers(tiny_models, tiny_specblock_drafter, tmp_path_factory):
             "--decode-log-interval", "1",
             "--enable-metrics",
         ]  # fmt: skip
-        if algorithm == "MINEDRAFT":
-            return [*flags, "--speculative-draft-device", "cpu:1"]
+        if algorithm == "MINEDRAFT":  # the full chain every step unless a server says otherwise
+            return [*flags, "--speculative-draft-device", "cpu:1", "--minedraft-steps", "fixed"]
         return [*flags, "--speculative-eagle-topk", "1"]
 
     pool = ServerPool(

@@ -109,7 +109,7 @@ SHIPPED_NUM_SAMPLES = 2500
 TWO_RANK_ALGORITHMS = {
     "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
     "SPECBLOCK": ["--specblock-budget", "fixed", "--max-running-requests", "256"],
-    "MINEDRAFT": ["--max-running-requests", "256"],
+    "MINEDRAFT": ["--minedraft-steps", "fixed", "--max-running-requests", "256"],
 }
 
 

@@ -470,6 +470,7 @@ SERVER_ARGS = {
     # fixed settings: every case must go through drafted, verified steps
     "MTP_LORA": ["--speculative-algorithm", "MTP_LORA", "--mtp-k", "2"],
     "SPECBLOCK": ["--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "fixed"],
+    "MINEDRAFT": ["--speculative-algorithm", "MINEDRAFT", "--minedraft-steps", "fixed"],
     "STANDALONE_FULL": [
         "--speculative-algorithm",
         "STANDALONE_FULL",

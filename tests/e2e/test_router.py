@@ -100,7 +100,8 @@ def test_two_replicas_behind_the_router_serve_greedy_equal(
     tiny_models, baseline_greedy, tmp_path
 ) -> None:
     args = ["--model-path", str(tiny_models["target"]), "--speculative-algorithm",
-            "MINEDRAFT", "--speculative-draft-model-path", str(tiny_models["draft"]),
+            "MINEDRAFT", "--minedraft-steps", "fixed",
+            "--speculative-draft-model-path", str(tiny_models["draft"]),
             *CHAIN, "--enable-metrics"]  # fmt: skip
     with ThreadPoolExecutor(2) as pool:  # started side by side: each waits on imports mostly
         starts = [pool.submit(Server, args, tmp_path / f"replica{i}.log") for i in range(2)]

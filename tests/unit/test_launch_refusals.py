@@ -198,7 +198,7 @@ SHAPES = {
         "--minedraft-steps",
     ),
     "STANDALONE_FULL-minedraft-steps": (
-        standalone_full("draft", "--minedraft-steps", "auto"),
+        standalone_full("draft", "--minedraft-steps", "fixed"),
         "--minedraft-steps",
     ),
     # MTP_LORA and SPECBLOCK size drafts with their own flags; SGLang's would be overwritten

@@ -90,6 +90,12 @@ class TargetWrappingWorker(BaseSpecWorker):
             return
         self._clock.start(tuple(req.rid for req in batch.reqs), now, self.controller)
 
+    def step_excludes(self, seconds: float) -> None:
+        """Work of this step the controller should not count as its setting's cost
+        (``StepClock.exclude``)."""
+        if self.controller is not None:
+            self._clock.exclude(seconds)
+
     def step_chosen(self, k: int, batch_size: int) -> None:
         """The controller's setting ``k`` for the step ``step_started`` began."""
         self._clock.chosen(k, batch_size)

@@ -146,6 +146,13 @@ class StepClock:
         """The requests of the step the last ``tick`` started (None before any)."""
         return None if self._last is None else self._last[1]
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of the step the last ``tick`` started out of its measured time:
+        one-off work a switch of setting brings (a drafter reading what it skipped while off),
+        not a cost of every step at that setting."""
+        if self._last is not None:
+            self._last = (self._last[0] + seconds, *self._last[1:])
+
     def chosen(self, k: int, batch_size: int) -> None:
         """The step started by the last ``tick`` runs setting ``k`` for ``batch_size``."""
         if self._last is not None:

@@ -49,10 +49,19 @@ class SpecBlock(Algorithm):
         return settings.verify_depth, settings.draft.max_nodes
 
     def extra_kv_bytes_per_token(self, settings: SpecBlockSettings, dtype: Any) -> int:
-        """The drafter's KV: one row (K positions x drafter layers) per target KV location."""
+        """The drafter's KV: one row (K positions x drafter layers) per target KV location;
+        with steps without drafts also the unread tokens' rows (``target_rows.py``)."""
         from sgl_spec.specblock.draft_kv import drafter_kv_bytes_per_row
+        from sgl_spec.specblock.settings import drafter_dtype
+        from sgl_spec.specblock.target_rows import target_rows_bytes_per_row
 
-        return drafter_kv_bytes_per_row(settings.drafter_config, dtype)
+        config = settings.drafter_config
+        extra = drafter_kv_bytes_per_row(config, dtype)
+        if settings.runs_plain_steps:
+            features = len(config.aux_layer_ids) * config.target_hidden_size
+            rows_dtype = drafter_dtype(settings.drafter_dtype, dtype)
+            extra += target_rows_bytes_per_row(features, rows_dtype)
+        return extra
 
     def worker_class(self) -> type:
         from sgl_spec.specblock.worker import SpecBlockWorker

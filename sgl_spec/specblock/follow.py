@@ -1,7 +1,9 @@
 """SPECBLOCK's drafter kept in step with the committed tokens: its KV cache (one row per
 location of the target's KV pool), the extend forward over newly committed tokens (training's
-pass 1), and the tokens of steps run without drafts, read later in one extend (``pending.py``).
-A mixin of ``worker.SpecBlockWorker``, which holds the drafter and the target."""
+pass 1), and -- with node budgets that run steps without drafts -- the tokens it has not read
+yet, kept per location (``target_rows.py``) and read in one extend before the next step that
+drafts for them. A mixin of ``worker.SpecBlockWorker``, which holds the drafter and the target.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import torch
 
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix
-from sgl_spec.specblock.pending import PENDING_LIMIT, appended, no_pending
+from sgl_spec.specblock.target_rows import TargetRows
 
 logger = logging.getLogger(__name__)
 EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
+# Query-key pairs one catch-up forward may hold across its requests (its attention scores are
+# this many per head): a catch-up after a long stretch without drafts reads many positions of
+# many requests, so it runs in groups of requests.
+CATCH_UP_PAIRS = 1 << 22
 
 
 class DrafterFollowing:
@@ -27,16 +33,16 @@ class DrafterFollowing:
     model_runner: object
     feature_index: torch.Tensor
     _pool: DrafterKVPool | None
+    _rows: TargetRows | None  # None: every committed token is read at once (no plain steps)
 
     @property
     def pool(self) -> DrafterKVPool:
         """One drafter row per location of the target's KV pool (created after this worker)."""
         if self._pool is None:
             num_layers, block_size, heads, head_dim = drafter_kv_shape(self.drafter.config)
-            kv_pool = self.model_runner.token_to_kv_pool
             self._pool = DrafterKVPool(
                 num_layers=num_layers,
-                num_rows=int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1,
+                num_rows=self._pool_rows(),
                 block_size=block_size,
                 num_kv_heads=heads,
                 head_dim=head_dim,
@@ -46,12 +52,23 @@ class DrafterFollowing:
             logger.info("SPECBLOCK: drafter KV cache %.1f MiB", self._pool.nbytes() / 2**20)
         return self._pool
 
+    def _pool_rows(self) -> int:
+        kv_pool = self.model_runner.token_to_kv_pool
+        return int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1
+
+    def _ensure_rows(self) -> TargetRows:
+        """The unread tokens' rows (created on first use, as the pool)."""
+        if self._rows is None:
+            width = int(self.feature_index.shape[0])
+            self._rows = TargetRows(self._pool_rows(), width, self.drafter_dtype, self.device)
+            logger.info("SPECBLOCK: unread-token rows %.1f MiB", self._rows.nbytes() / 2**20)
+        return self._rows
+
     def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
         return hidden_states.index_select(-1, self.feature_index).to(self.drafter_dtype)
 
     def _no_pending(self, bs: int) -> dict:
-        width = int(self.feature_index.shape[0])
-        return no_pending(bs, width, self.drafter_dtype, self.device)
+        return {"pending_count": torch.zeros(bs, dtype=torch.int64, device=self.device)}
 
     def _drafter_extend(
         self,
@@ -123,6 +140,8 @@ class DrafterFollowing:
             locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
             keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
             self.pool.write(locs.reshape(-1)[keep], out.kv, keep)
+            if self._rows is not None:
+                self._rows.mark_read(locs.reshape(-1)[keep])
             is_last = active & (num_new <= offset + EXTEND_CHUNK)
             root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
         return root_cond
@@ -147,57 +166,89 @@ class DrafterFollowing:
         """After a drafting step's verify: the drafter reads the committed tokens (one extend).
         Returns the drafter fields of the next ``SpecBlockDraftInput``."""
         bs, width = path_tokens.shape
+        features = self._features(hidden[: bs * width])
+        if self._rows is not None:  # kept, so that a radix-cache hit can re-read them
+            cols = torch.arange(width, device=self.device)
+            accepted = cols[None, :] < accept_lens[:, None]
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            locs = req_to_token[reqs[:, None], (seq_lens[:, None] + cols).clamp(
+                max=req_to_token.shape[1] - 1
+            )]  # fmt: skip
+            keep = accepted.reshape(-1)
+            self._rows.store(locs.reshape(-1)[keep], features[keep], path_tokens.reshape(-1)[keep])
         carried = self._no_pending(bs)
         carried["root_cond"] = self._drafter_extend(
             reqs,
             seq_lens,
             accept_lens,
-            hidden,
+            None,
             path_tokens.reshape(-1),
             torch.arange(bs, device=self.device) * width,
             context,
+            features=features,
         )
         return carried
+
+    def _store_committed(
+        self,
+        reqs: torch.Tensor,  # [bs]
+        committed: torch.Tensor,  # [bs] committed tokens before these
+        num_new: torch.Tensor,  # [bs] tokens committed by this forward (>= 1)
+        hidden: torch.Tensor,  # [rows, ...] their target hidden states, request after request
+        tokens: torch.Tensor,  # [rows]
+    ) -> None:
+        """Keep the rows of tokens a forward committed without the drafter reading them (a
+        prefill, a step without drafts)."""
+        rows = self._ensure_rows()
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        n = int(num_new.max()) if num_new.numel() else 0
+        cols = torch.arange(max(n, 1), device=self.device)
+        valid = cols[None, :] < num_new[:, None]
+        positions = (committed[:, None] + cols[None, :]).clamp(max=req_to_token.shape[1] - 1)
+        locs = req_to_token[reqs.to(torch.long)[:, None], positions][valid]
+        rows.store(locs, self._features(hidden), tokens)
 
     def _catch_up(
         self,
         reqs: torch.Tensor,  # [bs]
-        committed: torch.Tensor,  # [bs] committed tokens, the pending ones included
-        count: torch.Tensor,  # [bs] pending tokens per request
-        tokens: torch.Tensor,  # [bs, P] their ids
-        features: torch.Tensor,  # [bs, P, F] their target features
+        committed: torch.Tensor,  # [bs] committed tokens, the unread ones included
+        count: torch.Tensor,  # [bs] unread tokens per request (the last ``count`` positions)
         root_cond: torch.Tensor,  # [bs, d] the condition before them
     ) -> torch.Tensor:
-        """The drafter reads the tokens of the steps run without drafts (``pending.py``), in
-        one extend; returns the root condition they lead to."""
-        if not bool((count > 0).any()):
+        """The drafter reads each request's unread tokens from their rows (``target_rows``),
+        in groups of requests whose extend fits ``CATCH_UP_PAIRS``; returns the root
+        condition they lead to (``root_cond`` where there were none)."""
+        todo = torch.nonzero(count > 0).squeeze(1)
+        if todo.numel() == 0:
             return root_cond
-        bs, width = tokens.shape
-        caught_up = self._drafter_extend(
-            reqs,
-            committed - count,
-            count,
-            None,
-            tokens.reshape(-1),
-            torch.arange(bs, device=self.device) * width,
-            features=features.reshape(bs * width, -1),
-        )
-        return torch.where((count > 0)[:, None], caught_up.to(root_cond.dtype), root_cond)
+        out = root_cond.clone()
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        k = self.drafter.config.block_size
+        for group in _groups(todo, count, committed, k):
+            n, ends = count[group], committed[group]
+            features, tokens = self._rows.rows(req_to_token, reqs[group], ends - n, n)
+            width = tokens.shape[1]
+            cond = self._drafter_extend(
+                reqs[group], ends - n, n, None, tokens.reshape(-1),
+                torch.arange(group.numel(), device=self.device) * width,
+                features=features.reshape(group.numel() * width, -1),
+            )  # fmt: skip
+            out[group] = cond.to(out.dtype)
+        return out
 
-    def _defer(self, reqs, committed, state, root_cond, hidden, tokens) -> dict:
-        """After a step without drafts: its committed token (one per request) joins the
-        pending ones; at ``PENDING_LIMIT`` the drafter catches up at once."""
-        bs = tokens.shape[0]
-        features, pending_tokens, count = appended(
-            state.pending_features,
-            state.pending_tokens,
-            state.pending_count,
-            self._features(hidden[:bs]),
-            tokens,
-        )
-        carried = {"pending_features": features, "pending_tokens": pending_tokens}
-        carried.update(root_cond=root_cond, pending_count=count)
-        if features.shape[1] < PENDING_LIMIT:
-            return carried
-        caught_up = self._catch_up(reqs, committed, count, pending_tokens, features, root_cond)
-        return {**self._no_pending(bs), "root_cond": caught_up}
+
+def _groups(todo: torch.Tensor, count: torch.Tensor, committed: torch.Tensor, k: int):
+    """``todo`` (request indices) in consecutive groups, each of whose catch-up forward holds at
+    most ``CATCH_UP_PAIRS`` query-key pairs (at least one request per group)."""
+    s = count[todo].clamp(max=EXTEND_CHUNK) * k  # query rows per chunk
+    pairs = (s * (committed[todo] * k + s)).tolist()  # keys: K slots per context position
+    group: list[int] = []
+    total = 0
+    for index, cost in zip(todo.tolist(), pairs, strict=True):
+        if group and total + cost > CATCH_UP_PAIRS:
+            yield torch.tensor(group, dtype=torch.long, device=todo.device)
+            group, total = [], 0
+        group.append(index)
+        total += cost
+    if group:
+        yield torch.tensor(group, dtype=torch.long, device=todo.device)

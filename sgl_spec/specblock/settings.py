@@ -34,6 +34,19 @@ class SpecBlockSettings:
         top = self.draft.max_nodes
         return (*(1 << i for i in range(top.bit_length()) if 1 << i < top), top)
 
+    def step_budgets(self) -> tuple[int, ...]:
+        """The node budgets steps run with: ``budgets()`` under auto or cycle, else the one
+        budget (1 under off: no drafts)."""
+        if self.budget in ("auto", "cycle"):
+            return self.budgets()
+        return (1,) if self.budget == "off" else (self.draft.max_nodes,)
+
+    @property
+    def runs_plain_steps(self) -> bool:
+        """Some steps verify the root alone: the drafter then reads committed tokens later,
+        from rows kept per location (``target_rows.py``)."""
+        return 1 in self.step_budgets()
+
     def budget_drafts(self) -> tuple[int, ...]:
         """The most drafts one request can accept under each of ``budgets()``."""
         return tuple(min(n - 1, self.max_depth) for n in self.budgets())

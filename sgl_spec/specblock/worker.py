@@ -73,6 +73,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         cfg = self.drafter.config
         self.feature_index = self.capture_layer_outputs(cfg.aux_layer_ids, cfg.target_hidden_size)
         self._pool: DrafterKVPool | None = None  # allocated once SGLang's KV pool exists
+        self._rows = None  # the unread tokens' rows (target_rows.py), with steps without drafts
         logger.info(
             "SPECBLOCK: drafter %s (K=%d, using %d, M=%d, branching %s, rank head %s,"
             " max nodes %d, %s)",
@@ -94,8 +95,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
         varied = settings.budget in ("auto", "cycle")
-        fixed = 1 if settings.budget == "off" else settings.draft.max_nodes
-        self.budgets = settings.budgets() if varied else (fixed,)
+        self.budgets = settings.step_budgets()
+        self._last_budget = self.budgets[0]  # of the last decode step (a fresh server's: plain)
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
         self.controller = agreed_across_ranks(
             budget_controller(self.budgets, settings.budget_drafts())
@@ -132,24 +133,40 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         result.logits_output.hidden_states = None
         extend_lens = torch.tensor(batch.extend_lens, dtype=torch.long, device=self.device)
         prefix_lens = torch.tensor(batch.prefix_lens, dtype=torch.long, device=self.device)
-        starts = torch.cumsum(extend_lens, 0) - extend_lens
-        root_cond = self._drafter_extend(
-            batch.req_pool_indices,
-            prefix_lens,
-            extend_lens,
-            hidden,
-            batch.input_ids.to(torch.long),
-            starts,
-        )
+        reqs = batch.req_pool_indices.to(torch.long)
+        tokens = batch.input_ids.to(torch.long)
+        if self.settings.runs_plain_steps:
+            root_cond, pending = self._prefill_rows(reqs, prefix_lens, extend_lens, hidden, tokens)
+        else:
+            starts = torch.cumsum(extend_lens, 0) - extend_lens
+            root_cond = self._drafter_extend(reqs, prefix_lens, extend_lens, hidden, tokens, starts)
+            pending = torch.zeros_like(extend_lens)
         if isinstance(result.next_token_ids, torch.Tensor):
             bonus = result.next_token_ids.reshape(-1).to(torch.int64)
             result.next_draft_input = SpecBlockDraftInput(
                 bonus_tokens=bonus,
                 root_cond=root_cond,
                 new_seq_lens=batch.seq_lens,
-                **self._no_pending(bonus.shape[0]),
+                pending_count=pending,
             )
         return result
+
+    def _prefill_rows(self, reqs, prefix_lens, extend_lens, hidden, tokens):
+        """With steps without drafts: the prompt's rows are kept (``target_rows``), and the
+        drafter reads them -- with any prefix a radix-cache hit found unread -- now if the last
+        decode step drafted, else before the first step that drafts for this request (never,
+        if none does). Returns the root condition and the unread count per request."""
+        self._store_committed(reqs, prefix_lens, extend_lens, hidden, tokens)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        seq_lens = prefix_lens + extend_lens
+        pending = self._rows.unread_tail(req_to_token, reqs, seq_lens)
+        root_cond = torch.zeros(
+            reqs.shape[0], self.drafter.config.hidden_size, dtype=self.drafter_dtype,
+            device=self.device,
+        )  # fmt: skip
+        if self._last_budget == 1:
+            return root_cond, pending
+        return self._catch_up(reqs, seq_lens, pending, root_cond), torch.zeros_like(pending)
 
     # ---- decode step -------------------------------------------------------------------------
 
@@ -170,10 +187,10 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         settings = self._budget_settings[k]
         if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
             return self._forward_plain(batch, state, reqs, seq_lens, tic, k)
-        root_cond = self._catch_up(
-            reqs, seq_lens, state.pending_count, state.pending_tokens, state.pending_features,
-            state.root_cond,
-        )  # fmt: skip
+        tic_catch_up = time.perf_counter()
+        root_cond = self._catch_up(reqs, seq_lens, state.pending_count, state.root_cond)
+        # reading what the drafter skipped while off is the switch's cost, not this budget's
+        self.step_excludes(time.perf_counter() - tic_catch_up)
         drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
         draft_s = time.perf_counter() - tic
         width = settings.max_nodes
@@ -212,16 +229,20 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
 
     def _forward_plain(self, batch, state, reqs, seq_lens, tic: float, k: int):
         """Node budget 1: SGLang's plain decode forward of each root (``plain_step``), its
-        features kept for the drafter's later extend (``_defer``)."""
+        token's rows kept for the drafter to read before it next drafts (``target_rows``)."""
         step = plain_step(self, batch, state.bonus_tokens, capture_hidden=True)
         bonus = state.bonus_tokens.to(torch.long)
-        tic_defer = time.perf_counter()
-        carried = self._defer(reqs, seq_lens + 1, state, state.root_cond, step.hidden, bonus)
-        draft_s = time.perf_counter() - tic_defer  # the drafter's catch-up, if it was due
-        next_input = SpecBlockDraftInput(
-            bonus_tokens=step.tokens.to(torch.int64), new_seq_lens=batch.seq_lens + 1, **carried
-        )
         bs = bonus.shape[0]
+        tic_store = time.perf_counter()
+        self._store_committed(reqs, seq_lens, torch.ones_like(seq_lens), step.hidden[:bs], bonus)
+        pending = state.pending_count + 1
+        draft_s = time.perf_counter() - tic_store
+        next_input = SpecBlockDraftInput(
+            bonus_tokens=step.tokens.to(torch.int64),
+            new_seq_lens=batch.seq_lens + 1,
+            root_cond=state.root_cond,
+            pending_count=pending,
+        )
         roots = DraftResult([DraftTree.rooted_at(t) for t in bonus.tolist()], 0)
         self._observe(roots, [1] * bs, [[0]] * bs, draft_s, tic, k)
         return plain_result(batch, step, next_input)
@@ -231,11 +252,14 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         (cycle), or the one fixed budget."""
         self._num_steps += 1
         if self.controller is None:
-            return self._num_steps % len(self.budgets)
-        ctx = sum(seq_lens) // max(len(seq_lens), 1)
-        self._decision = self.controller.decide(len(seq_lens), ctx)
-        self.step_chosen(self._decision.k, len(seq_lens))
-        return self._decision.k
+            k = self._num_steps % len(self.budgets)
+        else:
+            ctx = sum(seq_lens) // max(len(seq_lens), 1)
+            self._decision = self.controller.decide(len(seq_lens), ctx)
+            self.step_chosen(self._decision.k, len(seq_lens))
+            k = self._decision.k
+        self._last_budget = self.budgets[k]
+        return k
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes

@@ -173,6 +173,9 @@ def test_step_clock_measures_start_to_start_of_the_same_requests() -> None:
     assert clock.tick(("a", "b", "c"), 3.0) is None
     clock.chosen(0, 3)
     assert clock.tick(("b", "c"), 3.5) is None  # a request finished: another batch shape
+    clock.chosen(2, 2)
+    clock.exclude(0.25)  # one-off work of that step (a drafter catching up) is left out
+    assert clock.tick(("b", "c"), 4.0) == (2, 2, 0.25)
 
 
 def test_speculating_budget_controller_runs_few_plain_steps() -> None:

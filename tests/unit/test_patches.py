@@ -164,8 +164,14 @@ def test_each_algorithm_states_its_extra_kv_bytes(monkeypatch, tmp_path) -> None
     specblock_drafter().save_pretrained(tmp_path)
     per_row = drafter_kv_bytes_per_row(read_drafter_config(str(tmp_path)), torch.float32)
     assert per_row > 0
-    drafter = SimpleNamespace(drafter_config=read_drafter_config(str(tmp_path)))
+    config = read_drafter_config(str(tmp_path))
+    drafter = SimpleNamespace(drafter_config=config, runs_plain_steps=False)
     assert SpecBlock().extra_kv_bytes_per_token(drafter, torch.float32) == per_row
+    # budgets with steps without drafts also keep the unread tokens' rows (target_rows.py):
+    # features in the drafter's dtype, an int64 token id and a read flag per location
+    rows = 3 * SPECBLOCK_D * 4 + 8 + 1
+    lazy = SimpleNamespace(drafter_config=config, runs_plain_steps=True, drafter_dtype="auto")
+    assert SpecBlock().extra_kv_bytes_per_token(lazy, torch.float32) == per_row + rows
     hosted = SimpleNamespace(drafter="specblock", drafter_config=drafter.drafter_config)
     assert MineDraft().extra_kv_bytes_per_token(hosted, torch.bfloat16) == 3 * SPECBLOCK_D * 2
     assert MineDraft().extra_kv_bytes_per_token(hosted, torch.float32) == 3 * SPECBLOCK_D * 4
@@ -177,8 +183,8 @@ def test_each_algorithm_states_its_extra_kv_bytes(monkeypatch, tmp_path) -> None
     algorithm.bind(SpecConfig(specblock_drafter_path=str(tmp_path)))
     monkeypatch.setattr(sgl_spec.algorithms, "find", lambda name: algorithm)
     server_args = fake_server_args(speculative_algorithm="SPECBLOCK")
-    name = SimpleNamespace(name="SPECBLOCK")
-    assert patch.extra_bytes_per_token(name, server_args, torch.float32) == per_row
+    name = SimpleNamespace(name="SPECBLOCK")  # the default budget (auto) runs plain steps
+    assert patch.extra_bytes_per_token(name, server_args, torch.float32) == per_row + rows
 
 
 def test_check_prompt_rejects_empty_and_out_of_vocabulary_ids() -> None:

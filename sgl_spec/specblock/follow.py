@@ -13,7 +13,7 @@ import torch
 
 from sgl_spec.specblock.draft_kv import DrafterKVPool, drafter_kv_shape
 from sgl_spec.specblock.drafting import PrefixContext, extend_prefix
-from sgl_spec.specblock.target_rows import TargetRows
+from sgl_spec.specblock.target_rows import TargetRows, locations
 
 logger = logging.getLogger(__name__)
 EXTEND_CHUNK = 256  # positions per drafter extend forward (bounds the [S*K, C+S*K] mask)
@@ -168,14 +168,11 @@ class DrafterFollowing:
         bs, width = path_tokens.shape
         features = self._features(hidden[: bs * width])
         if self._rows is not None:  # kept, so that a radix-cache hit can re-read them
-            cols = torch.arange(width, device=self.device)
-            accepted = cols[None, :] < accept_lens[:, None]
-            req_to_token = self.model_runner.req_to_token_pool.req_to_token
-            locs = req_to_token[reqs[:, None], (seq_lens[:, None] + cols).clamp(
-                max=req_to_token.shape[1] - 1
-            )]  # fmt: skip
-            keep = accepted.reshape(-1)
-            self._rows.store(locs.reshape(-1)[keep], features[keep], path_tokens.reshape(-1)[keep])
+            accepted = torch.arange(width, device=self.device)[None, :] < accept_lens[:, None]
+            self._store_committed(
+                reqs, seq_lens, accept_lens, features.view(bs, width, -1)[accepted],
+                path_tokens[accepted],
+            )  # fmt: skip
         carried = self._no_pending(bs)
         carried["root_cond"] = self._drafter_extend(
             reqs,
@@ -194,19 +191,14 @@ class DrafterFollowing:
         reqs: torch.Tensor,  # [bs]
         committed: torch.Tensor,  # [bs] committed tokens before these
         num_new: torch.Tensor,  # [bs] tokens committed by this forward (>= 1)
-        hidden: torch.Tensor,  # [rows, ...] their target hidden states, request after request
+        features: torch.Tensor,  # [rows, F] their target features, request after request
         tokens: torch.Tensor,  # [rows]
     ) -> None:
-        """Keep the rows of tokens a forward committed without the drafter reading them (a
-        prefill, a step without drafts)."""
-        rows = self._ensure_rows()
+        """Keep the rows of tokens a forward committed (a prefill, a step without drafts, a
+        verify's accepted path), not read by the drafter yet."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        n = int(num_new.max()) if num_new.numel() else 0
-        cols = torch.arange(max(n, 1), device=self.device)
-        valid = cols[None, :] < num_new[:, None]
-        positions = (committed[:, None] + cols[None, :]).clamp(max=req_to_token.shape[1] - 1)
-        locs = req_to_token[reqs.to(torch.long)[:, None], positions][valid]
-        rows.store(locs, self._features(hidden), tokens)
+        locs, valid = locations(req_to_token, reqs, committed, num_new)
+        self._ensure_rows().store(locs[valid], features, tokens)
 
     def _catch_up(
         self,

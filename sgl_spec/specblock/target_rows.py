@@ -22,6 +22,21 @@ def target_rows_bytes_per_row(feature_size: int, dtype: torch.dtype) -> int:
     return feature_size * torch.empty((), dtype=dtype).element_size() + 8 + 1
 
 
+def locations(
+    req_to_token: torch.Tensor,
+    reqs: torch.Tensor,  # [bs]
+    starts: torch.Tensor,  # [bs] first position
+    counts: torch.Tensor,  # [bs] positions from it (>= 0)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target KV locations [bs, P] of positions ``starts .. starts+counts-1`` of each request,
+    left-aligned and padded to the largest count P, and which of them are real [bs, P]."""
+    p = max(int(counts.max()), 1) if counts.numel() else 1
+    cols = torch.arange(p, device=counts.device)
+    valid = cols[None, :] < counts[:, None]
+    positions = (starts[:, None] + cols[None, :]).clamp(max=req_to_token.shape[1] - 1)
+    return req_to_token[reqs.to(torch.long)[:, None], positions].to(torch.long), valid
+
+
 class TargetRows:
     """Per target KV location: ``features`` [rows, F], ``tokens`` [rows], ``read`` [rows]."""
 
@@ -66,11 +81,7 @@ class TargetRows:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Features [bs, P, F] and tokens [bs, P] of positions ``starts .. starts+counts-1``,
         left-aligned and zero-padded to the largest count P."""
-        p = max(int(counts.max()), 1) if counts.numel() else 1
-        cols = torch.arange(p, device=counts.device)
-        valid = cols[None, :] < counts[:, None]
-        positions = (starts[:, None] + cols[None, :]).clamp(max=req_to_token.shape[1] - 1)
-        locs = req_to_token[reqs.to(torch.long)[:, None], positions].to(torch.long)
+        locs, valid = locations(req_to_token, reqs, starts, counts)
         locs = torch.where(valid, locs, 0)
         features = self.features[locs] * valid[..., None].to(self.features.dtype)
         return features, torch.where(valid, self.tokens[locs], 0)

@@ -156,7 +156,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         drafter reads them -- with any prefix a radix-cache hit found unread -- now if the last
         decode step drafted, else before the first step that drafts for this request (never,
         if none does). Returns the root condition and the unread count per request."""
-        self._store_committed(reqs, prefix_lens, extend_lens, hidden, tokens)
+        self._store_committed(reqs, prefix_lens, extend_lens, self._features(hidden), tokens)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         seq_lens = prefix_lens + extend_lens
         pending = self._rows.unread_tail(req_to_token, reqs, seq_lens)
@@ -234,7 +234,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         bonus = state.bonus_tokens.to(torch.long)
         bs = bonus.shape[0]
         tic_store = time.perf_counter()
-        self._store_committed(reqs, seq_lens, torch.ones_like(seq_lens), step.hidden[:bs], bonus)
+        features = self._features(step.hidden[:bs])
+        self._store_committed(reqs, seq_lens, torch.ones_like(seq_lens), features, bonus)
         pending = state.pending_count + 1
         draft_s = time.perf_counter() - tic_store
         next_input = SpecBlockDraftInput(

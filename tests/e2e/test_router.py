@@ -8,6 +8,7 @@ the non-speculative server's, and both replicas served."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -83,17 +84,27 @@ def _requests_served(server: Server) -> float:
     )
 
 
-def _replica_report(replicas: list[Server]) -> str:
-    lines = []
+def _replica_report(replicas: list[Server], router_log) -> str:
+    """Each replica's log tail, then (last, where a truncated CI log still shows it) whether its
+    process lives, what its /health answers, and the router's first and last registration
+    errors."""
+    tails, summary = [], []
     for server in replicas:
+        tails.append(server.tail(20))
         start = time.monotonic()
         try:
             status = requests.get(server.url + "/health", timeout=60).status_code
         except requests.RequestException as exc:
-            status = repr(exc)
-        lines.append(f"{server.url}: /health {status} in {time.monotonic() - start:.1f}s")
-        lines.append(server.tail(20))
-    return "\n".join(lines)
+            status = repr(exc)[:200]
+        summary.append(
+            f"{server.url}: exit code {server.proc.poll()} (None: running), /health {status} in"
+            f" {time.monotonic() - start:.1f}s"
+        )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", router_log.read_text(errors="replace"))
+    errors = [line.split("error=", 1)[1] for line in text.splitlines() if "error=" in line]
+    if errors:
+        summary += ["router, first error: " + errors[0][-400:], "last: " + errors[-1][-400:]]
+    return "\n".join([*tails, *summary])
 
 
 def test_two_replicas_behind_the_router_serve_greedy_equal(
@@ -112,10 +123,11 @@ def test_two_replicas_behind_the_router_serve_greedy_equal(
             if start.exception() is not None:
                 raise start.exception()
         assert [s.draft_servers() for s in replicas] == [1, 1]  # one draft server per replica
+        router_log = tmp_path / "router.log"
         try:
-            router = Router([s.url for s in replicas], tmp_path / "router.log")
+            router = Router([s.url for s in replicas], router_log)
         except TimeoutError as exc:  # say what each replica's /health answered, and its log
-            raise TimeoutError(f"{exc}\n{_replica_report(replicas)}") from exc
+            raise TimeoutError(f"{exc}\n{_replica_report(replicas, router_log)}") from exc
         expected = baseline_greedy["short"]
         singles = [router.post("/generate", {"text": p, "sampling_params": GREEDY})
                    for p in PROMPTS]  # fmt: skip

@@ -65,13 +65,24 @@ def _preload() -> None:
     import sgl_spec.launch_server  # noqa: F401
 
 
+def fresh_interpreter_signals() -> None:
+    """The signal dispositions a fresh interpreter starts with. Python ignores SIGPIPE and
+    SIGXFSZ: a write to a socket whose peer has closed raises instead of killing the process, so
+    a server whose client hangs up mid-response (the router's gRPC probe of an HTTP port) lives
+    on, as one started by ``python -m`` does."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _run_child(request: dict) -> int:
     """In the forked child: become the server's session leader, log to its log, run the
     launcher with SGLang's processes forked from this one (or ``request["module"]`` as
     ``__main__``); return the exit code."""
     os.setsid()
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
+    fresh_interpreter_signals()
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.preloaded import CLIENT_MODULES, PreloadedLauncher, same_launch
+from tests.helpers.preloaded import (
+    CLIENT_MODULES,
+    PreloadedLauncher,
+    fresh_interpreter_signals,
+    same_launch,
+)
 
 DEFAULTS = {"SGLANG_USE_CPU_ENGINE": "1", "MALLOC_MMAP_THRESHOLD_": "33554432"}
 PRELOADED = {**DEFAULTS, "PATH": "/bin", "PYTHONUNBUFFERED": "1"}
@@ -45,3 +50,33 @@ def test_only_preloaded_clients_are_run() -> None:
     assert "sglang.bench_serving" in CLIENT_MODULES
     with pytest.raises(ValueError, match="not preloaded"):
         PreloadedLauncher.run(None, "sglang.launch_server", [], Path("x.log"))  # type: ignore[arg-type]
+
+
+def test_a_forked_server_keeps_the_signal_dispositions_of_a_fresh_interpreter() -> None:
+    """A fresh ``python`` ignores SIGPIPE: a forked server must too, or the first write to a
+    socket its peer closed kills it silently (the router's gRPC probe did, now and then)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import signal; print([int(signal.getsignal(s)) for s in (signal.SIGPIPE, signal.SIGXFSZ)])"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the preloaded process's dispositions, then the reset
+        os.close(read)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        fresh_interpreter_signals()
+        got = [int(signal.getsignal(s)) for s in (signal.SIGPIPE, signal.SIGXFSZ)]
+        ok = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        os.write(write, f"{got}{ok}\n".encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    os.waitpid(pid, 0)
+    assert answer == f"{fresh.stdout.strip()}True\n"

@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/step_profile.py --algorithms none,standalone,specblock,mtp_lora \
         [--seconds 20] [--json OUT] [-- server flags...]
 
-For each algorithm in turn: one server with the flags ``bench_speculative.py`` gives it, a
-client sending greedy 128-token requests one at a time (concurrency 1), and ``py-spy record``
+For each algorithm in turn: one server with the flags ``bench_speculative.py`` gives it,
+``--concurrency`` clients (1 by default) each sending greedy 128-token requests one at a time,
+and ``py-spy record``
 on the scheduler process (raw stacks, ``--rate`` a second, active samples only) for
 ``--seconds``. Each sample goes to one bucket by the frames on its stack:
 
@@ -105,7 +106,9 @@ def _scheduler_pid(launcher_pid: int) -> int:
     return int(out[0])
 
 
-def profile(algorithm: str, extra: list[str], seconds: float, work: Path) -> dict:
+def profile(
+    algorithm: str, extra: list[str], seconds: float, work: Path, concurrency: int = 1
+) -> dict:
     flags = _bench_lib.server_flags(algorithm, extra)
     with _bench_lib.algorithm_env(algorithm):
         server = ServerProcess(flags, pick_port(), work / f"{algorithm}.log")
@@ -113,8 +116,8 @@ def profile(algorithm: str, extra: list[str], seconds: float, work: Path) -> dic
     try:
         server.wait_ready(600)
         _request(server.url)  # one request before sampling
-        driver = threading.Thread(target=_drive, args=(server.url, stop), daemon=True)
-        driver.start()
+        for _ in range(concurrency):
+            threading.Thread(target=_drive, args=(server.url, stop), daemon=True).start()
         time.sleep(2)
         raw = work / f"{algorithm}.raw"
         py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
@@ -145,6 +148,7 @@ def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--algorithms", default="none,standalone,specblock,mtp_lora")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight")
     p.add_argument("--json", default=None)
     p.add_argument("--log-dir", default=None, help="server logs and raw stacks (default: tmp)")
     p.add_argument("--variant", action="append", default=[], help="as bench_speculative.py")
@@ -159,7 +163,9 @@ def main(argv: list[str]) -> dict:
     if args.from_raw:
         results = {name: summarise((work / f"{name}.raw").read_text()) for name in names}
     else:
-        results = {name: profile(name, extra, args.seconds, work) for name in names}
+        results = {
+            name: profile(name, extra, args.seconds, work, args.concurrency) for name in names
+        }
     out = {"command": " ".join(sys.argv), "host": _bench_lib.host_info(), "results": results}
     print(format_table(results))
     if args.json:

@@ -95,6 +95,7 @@ class TargetWrappingWorker(BaseSpecWorker):
         (``StepClock.exclude``)."""
         if self.controller is not None:
             self._clock.exclude(seconds)
+            self.controller.prices.switched(seconds)  # a probe's cost all the same
 
     def step_chosen(self, k: int, batch_size: int) -> None:
         """The controller's setting ``k`` for the step ``step_started`` began."""

@@ -9,6 +9,13 @@ from collections.abc import Sequence
 from sgl_spec.control.acceptance import BudgetAcceptance
 from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
 from sgl_spec.control.cost_model import BudgetCost
+from sgl_spec.control.probes import served_budget
+
+# The share of serving time probes while off may cost (``probes.py``). A probe's first step
+# reads, through the drafter, every token the batch committed while off (left out of its step
+# time, counted in its price): at 16 requests that is tens of plain steps' worth, and probes
+# every 16-64 steps left the default under its own floor (RESULTS.md, 2026-12-02).
+PROBE_BUDGET = 0.03
 
 
 def budget_controller(
@@ -27,6 +34,7 @@ def budget_controller(
     # one prompt or another): a budget's estimate follows within a few steps.
     tuning = {**SERVED_TUNING, "explore_every": 16, "refresh_every": 256}
     tuning.update(probe_others_every=32, ewma_weight=0.25, probe_on_turnover=True)
+    tuning.update(probe_budget=served_budget(PROBE_BUDGET))
     config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
     acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

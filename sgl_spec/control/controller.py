@@ -140,9 +140,8 @@ class ControllerConfig:
             )
 
     def prior(self) -> list[float]:
-        if isinstance(self.alpha_prior, (tuple, list)):
-            return [float(a) for a in self.alpha_prior]
-        return [float(self.alpha_prior)] * self.k_max
+        prior = self.alpha_prior
+        return list(prior) if isinstance(prior, (tuple, list)) else [prior] * self.k_max
 
 
 @dataclass(frozen=True)
@@ -348,16 +347,16 @@ class SpeculationController:
         turned_over = 2 * self._joined >= batch_size
         shrunk = 2 * batch_size <= self._probed_batch_size
         if every and self.num_steps_on == 0 and (turned_over or shrunk):
-            self._joined = 0
-            self._probed_batch_size = batch_size
+            self._joined, self._probed_batch_size = 0, batch_size
             self._backoff = 1
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
+            if joined >= batch_size:  # all new at once: none probed yet, whatever the price
+                self._since_probe = 1 << 30
 
     def _start_probe(
         self, decision: Decision, batch_size: int, steps: int | None = None
     ) -> Decision:
-        self._joined = 0
-        self._probed_batch_size = batch_size
+        self._joined, self._probed_batch_size = 0, batch_size
         self._since_probe = 0
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:

@@ -13,8 +13,10 @@ that commits λ(k) tokens per request, against λ(k) plain steps of T(0). In pla
 of the prediction (measured T(k), running λ(k)) and what recent probes of that batch-size
 bucket realised: a probe's first step can cost more than a typical step of its setting (a
 draft model first reads the tokens committed while it was off), which the lower quartile of
-``StepTimes`` leaves out. An unmeasured setting costs nothing to price (L = 0): it is explored.
-Pure.
+``StepTimes`` leaves out -- and work an algorithm leaves out of the step's time as a switch's
+one-off cost (``switched``: SPECBLOCK's drafter reading every token committed while off) is a
+probe's cost all the same, added to its first step. An unmeasured setting costs nothing to
+price (L = 0): it is explored. Pure.
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ BUDGET_ENV = "SGLSPEC_PROBE_BUDGET"
 SERVED_BUDGET = 0.0
 
 
-def served_budget() -> float:
-    """``SERVED_BUDGET``, or the share ``SGLSPEC_PROBE_BUDGET`` names."""
+def served_budget(default: float = SERVED_BUDGET) -> float:
+    """``default``, or the share ``SGLSPEC_PROBE_BUDGET`` names."""
     text = os.environ.get(BUDGET_ENV, "").strip()
     if not text:
-        return SERVED_BUDGET
+        return default
     try:
         budget = float(text)
     except ValueError:
@@ -59,6 +61,7 @@ class ProbePrices:
         self.steps = steps
         self._realised: dict[int, float] = {}  # bucket -> running loss of a probe step
         self._open: tuple[int, int] | None = None  # (k, probe steps not yet observed)
+        self._switch_s = 0.0  # switch seconds of the open probe not yet added to a step
 
     def loss(self, batch_size: int, tau: float, lam: float, measured: bool) -> float:
         """Plain steps lost per probe step of a setting of τ = T(0)/T(k), λ(k) = ``lam``
@@ -80,6 +83,13 @@ class ProbePrices:
         budget: without one nothing is priced)."""
         if self.budget:
             self._open = (k, self.steps)
+            self._switch_s = 0.0
+
+    def switched(self, seconds: float) -> None:
+        """The open probe's step spent ``seconds`` on switching on that its measured time
+        leaves out (``StepClock.exclude``): they count in its realised loss."""
+        if self._open is not None:
+            self._switch_s += seconds
 
     def observed(
         self, k: int, batch_size: int, seconds: float, t0: float | None, lam: float
@@ -91,7 +101,8 @@ class ProbePrices:
         left = self._open[1] - 1
         self._open = (k, left) if left > 0 else None
         bucket = batch_bucket(batch_size)
-        lost = max(0.0, seconds / t0 - lam)
+        lost = max(0.0, (seconds + self._switch_s) / t0 - lam)
+        self._switch_s = 0.0
         before = self._realised.get(bucket)
         self._realised[bucket] = (
             lost if before is None else before + REALISED_WEIGHT * (lost - before)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sgl_spec.control.budget import budget_controller
+from sgl_spec.control.budget import PROBE_BUDGET, budget_controller
 from sgl_spec.control.chain_steps import steps_controller
-from sgl_spec.control.controller import SpeculationController
+from sgl_spec.control.controller import TURNOVER_PROBE_STEPS, SpeculationController
 from sgl_spec.control.probes import BUDGET_ENV, ProbePrices, served_budget
 
 BUDGETS = (1, 2, 4, 8)
@@ -70,12 +70,13 @@ def serve_off(ctrl: SpeculationController, bs: int, steps: int, turnover_every: 
 
 
 def test_probes_cost_at_most_their_budget_where_nothing_pays() -> None:
-    """SPECBLOCK's tuning probes every 16 steps and on every turnover; with a price of 3%, at
-    a large batch where a probe loses most of its steps, probes stay within 3% of the time."""
+    """SPECBLOCK's tuning probes every 16 steps and on every turnover; with its price of 3%, at
+    a large batch where a probe loses most of its steps, probes stay within 3% of the time
+    (without a price, over 6%)."""
     priced = budget_controller(BUDGETS, MAX_DRAFTS)
-    priced.prices = ProbePrices(0.03, priced.config.probe_steps)
+    assert priced.config.probe_budget == PROBE_BUDGET == 0.03  # SPECBLOCK's served default
     unpriced = budget_controller(BUDGETS, MAX_DRAFTS)
-    assert unpriced.config.probe_budget == 0.0  # the served default (``SERVED_BUDGET``)
+    unpriced.prices = ProbePrices(0.0, unpriced.config.probe_steps)
     serve_off(priced, 32, 300, turnover_every=0)  # calibrated, off
     serve_off(unpriced, 32, 300, turnover_every=0)
     assert serve_off(priced, 32, 4000, turnover_every=40) <= 0.035
@@ -103,3 +104,39 @@ def test_the_environment_sets_the_served_budget(monkeypatch) -> None:
         monkeypatch.setenv(BUDGET_ENV, bad)
         with pytest.raises(ValueError, match=BUDGET_ENV):
             served_budget()
+
+
+def test_a_switch_left_out_of_a_step_counts_in_its_probe() -> None:
+    """Seconds a probe's step spent switching on (SPECBLOCK's drafter reading what it skipped
+    while off: left out of the step's time) count in the probe's realised loss, once; outside a
+    probe they price nothing."""
+    prices = ProbePrices(budget=0.05, steps=2)
+    prices.switched(1.0)  # no probe open: nothing to charge
+    prices.opened(3)
+    prices.switched(0.3)
+    prices.observed(3, 16, seconds=0.02, t0=0.01, lam=2.0)  # (0.02 + 0.3) / 0.01 - 2 = 30
+    assert prices.loss(16, 0.5, 2.0, True) == pytest.approx(30.0)
+    prices.observed(3, 16, seconds=0.02, t0=0.01, lam=2.0)  # 0 lost: the switch is not repeated
+    assert prices.loss(16, 0.5, 2.0, True) == pytest.approx(30.0 * 0.75)
+    assert prices.wait(16, 0.5, 2.0, True) == 900  # 2 x 22.5 / 0.05
+
+
+def _off_and_priced(bs: int) -> SpeculationController:
+    """A SPECBLOCK controller calibrated and off at ``bs`` requests, its probes priced at a
+    loss of 20 plain steps a probe step (a switch that reads a whole batch's tokens)."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    serve_off(ctrl, bs, 300, turnover_every=0)
+    ctrl.prices._realised[16] = 20.0  # bucket of 16 requests
+    return ctrl
+
+
+def test_a_batch_all_new_at_once_is_probed_whatever_the_price() -> None:
+    """Half a batch turning over does not bring a costly probe forward; a batch of requests
+    all new at once (a wave after an idle moment, each request at concurrency 1) is probed
+    within ``TURNOVER_PROBE_STEPS`` + 1 steps: nothing is known of it."""
+    ctrl = _off_and_priced(16)
+    ctrl.batch_changed(8, 16)
+    assert [ctrl.choose_k(16, 256) for _ in range(40)] == [0] * 40
+    ctrl = _off_and_priced(16)
+    ctrl.batch_changed(16, 16)
+    assert any(ctrl.choose_k(16, 256) for _ in range(TURNOVER_PROBE_STEPS + 1))

@@ -5,9 +5,8 @@
 
 For each algorithm in turn: one server with the flags ``bench_speculative.py`` gives it,
 ``--concurrency`` clients (1 by default) each sending greedy 128-token requests one at a time,
-and ``py-spy record``
-on the scheduler process (raw stacks, ``--rate`` a second, active samples only) for
-``--seconds``. Each sample goes to one bucket by the frames on its stack:
+and ``py-spy record`` on the scheduler process (raw stacks, ``--rate`` a second, active samples
+only) for ``--seconds``. Each sample goes to one bucket by the frames on its stack:
 
 - ``target fwd``: inside the model's own forward (``*ForCausalLM.forward``), not drafting;
 - ``draft fwd``: a draft model's or drafter's forward (a drafting frame above it);

@@ -10,6 +10,7 @@ from sgl_spec.control.budget import PROBE_BUDGET, budget_controller
 from sgl_spec.control.chain_steps import steps_controller
 from sgl_spec.control.controller import TURNOVER_PROBE_STEPS, SpeculationController
 from sgl_spec.control.probes import BUDGET_ENV, ProbePrices, served_budget
+from sgl_spec.control.step_times import batch_bucket
 
 BUDGETS = (1, 2, 4, 8)
 MAX_DRAFTS = (0, 1, 3, 7)
@@ -126,7 +127,7 @@ def _off_and_priced(bs: int) -> SpeculationController:
     loss of 20 plain steps a probe step (a switch that reads a whole batch's tokens)."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
     serve_off(ctrl, bs, 300, turnover_every=0)
-    ctrl.prices._realised[16] = 20.0  # bucket of 16 requests
+    ctrl.prices._realised[batch_bucket(bs)] = 20.0
     return ctrl
 
 

@@ -3,6 +3,10 @@ the preloaded process imported SGLang with (``tests/helpers/preloaded.py``)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,11 +59,6 @@ def test_only_preloaded_clients_are_run() -> None:
 def test_a_forked_server_keeps_the_signal_dispositions_of_a_fresh_interpreter() -> None:
     """A fresh ``python`` ignores SIGPIPE: a forked server must too, or the first write to a
     socket its peer closed kills it silently (the router's gRPC probe did, now and then)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     code = (
         "import signal; print([int(signal.getsignal(s)) for s in (signal.SIGPIPE, signal.SIGXFSZ)])"
     )

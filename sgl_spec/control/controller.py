@@ -33,7 +33,7 @@ from numbers import Integral
 
 from sgl_spec.control.acceptance import AcceptanceModel, ChainAcceptance
 from sgl_spec.control.cost_model import GammaTable, StepCost, predicted_speedup
-from sgl_spec.control.probes import ProbePrices, served_budget
+from sgl_spec.control.probes import UNPRICED_NEW_BATCH, ProbePrices, served_budget
 from sgl_spec.control.step_times import StepTimes
 
 # The served controller's tuning (``ControllerConfig`` fields), one for every algorithm. T(k)
@@ -306,14 +306,16 @@ class SpeculationController:
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
             explore = self.best(batch_size, ctx_len, min_k=1)
-            measured = explore.source == "measured"
-            self._priced_wait = self.prices.wait(batch_size, explore.tau, explore.lam, measured)
+            # a setting not measured here: priced from its bound, probed until measured (a
+            # probe that leaves speculation off doubles the wait for the next one, below)
+            steps = max(self.times.steps_to_measure(batch_size, explore.k), self.config.probe_steps)
+            known = explore.source in ("measured", "bound")
+            self._priced_wait = self.prices.wait(batch_size, explore.tau, explore.lam, known, steps)
             if self._since_probe >= self._priced_wait:
                 self.num_steps_off = 0
-                # Each probe that leaves speculation off doubles the wait for the next one.
                 self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
-                self.prices.opened(explore.k)
-                return self._start_probe(explore, batch_size)
+                self.prices.opened(explore.k, steps)
+                return self._start_probe(explore, batch_size, steps)
         self.num_steps_off += 1
         return decision
 
@@ -337,8 +339,7 @@ class SpeculationController:
         return None
 
     def batch_changed(self, joined: int, batch_size: int) -> None:
-        """``joined`` of the batch's ``batch_size`` requests are new (``probe_on_turnover``):
-        acceptance renewed by their share (``AcceptanceModel.renew``), a turned-over batch probed."""
+        """``joined`` of ``batch_size`` requests are new: acceptance renewed, turnover probed."""
         if not self.config.probe_on_turnover:
             return
         self.acceptance.renew(joined / batch_size if batch_size > 0 else 0.0)
@@ -350,7 +351,7 @@ class SpeculationController:
             self._joined, self._probed_batch_size = 0, batch_size
             self._backoff = 1
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
-            if joined >= batch_size:  # all new at once: none probed yet, whatever the price
+            if joined >= batch_size <= UNPRICED_NEW_BATCH:  # all new: probed at any price
                 self._since_probe = 1 << 30
 
     def _start_probe(

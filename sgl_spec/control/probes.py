@@ -15,8 +15,11 @@ bucket realised: a probe's first step can cost more than a typical step of its s
 draft model first reads the tokens committed while it was off), which the lower quartile of
 ``StepTimes`` leaves out -- and work an algorithm leaves out of the step's time as a switch's
 one-off cost (``switched``: SPECBLOCK's drafter reading every token committed while off) is a
-probe's cost all the same, added to its first step. An unmeasured setting costs nothing to
-price (L = 0): it is explored. Pure.
+probe's cost all the same, added to its first step. A setting not measured yet in the bucket
+is priced from the bound on its τ (the measured times of the settings below it, or of it at a
+smaller batch: ``Decision.source`` "bound") and the bucket's realised loss -- a switch costs
+the same whatever the setting -- and its probe runs until its time is measured; with no T(0)
+at all nothing is priced (L = 0): it is explored. Pure.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ REALISED_WEIGHT = 0.25
 # the environment variable sets a share, e.g. 0.03 (for measuring).
 BUDGET_ENV = "SGLSPEC_PROBE_BUDGET"
 SERVED_BUDGET = 0.0
+# The largest batch whose requests, all new at once, are probed whatever the price: a batch of
+# one request accepts as that request does, which the population's estimate predicts poorly
+# (the shipped drafters accept 1 to 4 tokens a step from one prompt to another); a wave of many
+# accepts like the population, and its probe's switch (SPECBLOCK's drafter reading every prompt:
+# ~0.5 s at 16 requests of 128 tokens, RESULTS.md) is priced like any other.
+UNPRICED_NEW_BATCH = 1
 
 
 def served_budget(default: float = SERVED_BUDGET) -> float:
@@ -63,26 +72,30 @@ class ProbePrices:
         self._open: tuple[int, int] | None = None  # (k, probe steps not yet observed)
         self._switch_s = 0.0  # switch seconds of the open probe not yet added to a step
 
-    def loss(self, batch_size: int, tau: float, lam: float, measured: bool) -> float:
+    def loss(self, batch_size: int, tau: float, lam: float, known: bool) -> float:
         """Plain steps lost per probe step of a setting of τ = T(0)/T(k), λ(k) = ``lam``
-        (``measured``: τ from served step times, else nothing is known: 0)."""
-        if not measured or tau <= 0:
+        (``known``: τ from served step times, or an upper bound from them; else nothing is
+        known: 0)."""
+        if not known or tau <= 0:
             return 0.0
         predicted = max(0.0, 1.0 / tau - lam)
         return max(predicted, self._realised.get(batch_bucket(batch_size), 0.0))
 
-    def wait(self, batch_size: int, tau: float, lam: float, measured: bool) -> int:
-        """Steps from one probe's start to the next's, at least."""
+    def wait(
+        self, batch_size: int, tau: float, lam: float, known: bool, steps: int | None = None
+    ) -> int:
+        """Steps from the start of a probe of ``steps`` steps (default ``self.steps``) to the
+        next probe's, at least."""
         if not self.budget:
             return 0
-        lost = self.steps * self.loss(batch_size, tau, lam, measured)
+        lost = (steps or self.steps) * self.loss(batch_size, tau, lam, known)
         return math.ceil(lost / self.budget)
 
-    def opened(self, k: int) -> None:
-        """A probe of setting ``k`` starts while speculation is off (followed only with a
-        budget: without one nothing is priced)."""
+    def opened(self, k: int, steps: int | None = None) -> None:
+        """A probe of setting ``k`` for ``steps`` steps (default ``self.steps``) starts while
+        speculation is off (followed only with a budget: without one nothing is priced)."""
         if self.budget:
-            self._open = (k, self.steps)
+            self._open = (k, steps or self.steps)
             self._switch_s = 0.0
 
     def switched(self, seconds: float) -> None:

@@ -19,11 +19,12 @@ MAX_DRAFTS = (0, 1, 3, 7)
 def test_loss_is_the_plain_steps_a_probe_step_gives_up() -> None:
     prices = ProbePrices(budget=0.05, steps=2)
     # T(k) = 4 T(0) committing 1.5 tokens a request: 2.5 plain steps lost per probe step
-    assert prices.loss(32, tau=0.25, lam=1.5, measured=True) == pytest.approx(2.5)
-    assert prices.wait(32, tau=0.25, lam=1.5, measured=True) == 100  # 2 x 2.5 / 0.05
-    assert prices.loss(32, tau=0.8, lam=1.5, measured=True) == 0.0  # a probe that pays
-    assert prices.wait(32, tau=0.25, lam=1.5, measured=False) == 0  # unknown: explore
+    assert prices.loss(32, tau=0.25, lam=1.5, known=True) == pytest.approx(2.5)
+    assert prices.wait(32, tau=0.25, lam=1.5, known=True) == 100  # 2 x 2.5 / 0.05
+    assert prices.loss(32, tau=0.8, lam=1.5, known=True) == 0.0  # a probe that pays
+    assert prices.wait(32, tau=0.25, lam=1.5, known=False) == 0  # unknown: explore
     assert ProbePrices(budget=0.0, steps=2).wait(32, 0.25, 1.5, True) == 0
+    assert prices.wait(32, tau=0.25, lam=1.5, known=True, steps=3) == 150  # a longer probe
 
 
 def test_realised_probe_steps_raise_the_price_in_their_bucket_only() -> None:
@@ -131,13 +132,40 @@ def _off_and_priced(bs: int) -> SpeculationController:
     return ctrl
 
 
-def test_a_batch_all_new_at_once_is_probed_whatever_the_price() -> None:
-    """Half a batch turning over does not bring a costly probe forward; a batch of requests
-    all new at once (a wave after an idle moment, each request at concurrency 1) is probed
-    within ``TURNOVER_PROBE_STEPS`` + 1 steps: nothing is known of it."""
+def test_a_new_request_alone_is_probed_whatever_the_price() -> None:
+    """Half a batch turning over does not bring a costly probe forward, nor does a wave of
+    requests all new at once (it accepts like the population; its switch reads every prompt);
+    a batch of one new request (each request at concurrency 1) is probed within
+    ``TURNOVER_PROBE_STEPS`` + 1 steps: nothing is known of it."""
     ctrl = _off_and_priced(16)
     ctrl.batch_changed(8, 16)
     assert [ctrl.choose_k(16, 256) for _ in range(40)] == [0] * 40
     ctrl = _off_and_priced(16)
     ctrl.batch_changed(16, 16)
-    assert any(ctrl.choose_k(16, 256) for _ in range(TURNOVER_PROBE_STEPS + 1))
+    assert [ctrl.choose_k(16, 256) for _ in range(40)] == [0] * 40
+    ctrl = _off_and_priced(1)
+    ctrl.batch_changed(1, 1)
+    assert any(ctrl.choose_k(1, 256) for _ in range(TURNOVER_PROBE_STEPS + 1))
+
+
+def test_a_setting_not_measured_yet_is_probed_until_measured_and_priced() -> None:
+    """A budget not measured at this batch size is probed until its time is measured (one
+    probe, not one every 16 steps of two steps each, each with its switch), and its probe is
+    priced from its bound: at 16 requests where nothing pays, a fresh controller drafts on
+    6 of 600 steps (calibrating budget 2, then measuring budget 8), all measured."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    decide, chosen = ctrl.decide, []
+
+    def recording(batch_size: int, ctx_len: int):
+        decision = decide(batch_size, ctx_len)
+        chosen.append(decision)
+        return decision
+
+    ctrl.decide = recording  # type: ignore[method-assign]
+    serve_off(ctrl, 16, 600, turnover_every=0)
+    drafted = [i for i, d in enumerate(chosen) if d.k]
+    assert len(drafted) <= 6
+    for i in drafted:  # each probe of an unmeasured budget ends with its time measured
+        run_ends = i + 1 == len(chosen) or chosen[i + 1].k != chosen[i].k
+        if run_ends and chosen[i].source == "bound":
+            assert ctrl.times.count(16, chosen[i].k) >= ctrl.times.min_samples

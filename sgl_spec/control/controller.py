@@ -351,7 +351,7 @@ class SpeculationController:
             self._joined, self._probed_batch_size = 0, batch_size
             self._backoff = 1
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
-            if joined >= batch_size <= UNPRICED_NEW_BATCH:  # all new: probed at any price
+            if batch_size <= UNPRICED_NEW_BATCH and joined >= batch_size:  # at any price
                 self._since_probe = 1 << 30
 
     def _start_probe(

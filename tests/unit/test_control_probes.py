@@ -154,9 +154,11 @@ def test_a_setting_not_measured_yet_is_probed_until_measured_and_priced() -> Non
     priced from its bound: at 16 requests where nothing pays, a fresh controller drafts on
     6 of 600 steps (calibrating budget 2, then measuring budget 8), all measured."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
-    decide, chosen = ctrl.decide, []
+    decide, chosen, counts = ctrl.decide, [], []
 
     def recording(batch_size: int, ctx_len: int):
+        # samples per budget of the steps before this decision (each step observed at once)
+        counts.append([ctrl.times.count(batch_size, k) for k in range(len(BUDGETS))])
         decision = decide(batch_size, ctx_len)
         chosen.append(decision)
         return decision
@@ -166,6 +168,6 @@ def test_a_setting_not_measured_yet_is_probed_until_measured_and_priced() -> Non
     drafted = [i for i, d in enumerate(chosen) if d.k]
     assert len(drafted) <= 6
     for i in drafted:  # each probe of an unmeasured budget ends with its time measured
-        run_ends = i + 1 == len(chosen) or chosen[i + 1].k != chosen[i].k
-        if run_ends and chosen[i].source == "bound":
-            assert ctrl.times.count(16, chosen[i].k) >= ctrl.times.min_samples
+        k = chosen[i].k
+        if chosen[i].source == "bound" and i + 1 < len(chosen) and chosen[i + 1].k != k:
+            assert counts[i + 1][k] >= ctrl.times.min_samples

@@ -5,6 +5,7 @@ frames (``codec.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -39,6 +40,16 @@ def draft_server_addresses(instance_id: str, ipc_dir: str | None = None) -> Draf
     return DraftServerAddresses(
         to_draft_server=f"ipc://{base}-to-draft", to_scheduler=f"ipc://{base}-to-scheduler"
     )
+
+
+def remove_socket_files(addresses: DraftServerAddresses) -> None:
+    """Unlink the pair's IPC socket files. Once both ends are connected the paths are no longer
+    needed (a Unix socket connection outlives its path), and libzmq leaves a bound ipc path in
+    place when the socket closes, so a pair killed with its server would leave two files in the
+    temp dir per launch."""
+    for endpoint in (addresses.to_draft_server, addresses.to_scheduler):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(endpoint.removeprefix("ipc://"))
 
 
 class MessageChannel:

@@ -23,7 +23,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from sgl_spec.minedraft.channel import MessageChannel, draft_server_addresses
+from sgl_spec.minedraft.channel import (
+    MessageChannel,
+    draft_server_addresses,
+    remove_socket_files,
+)
 from sgl_spec.minedraft.messages import (
     PROTOCOL_VERSION,
     DraftRequest,
@@ -152,6 +156,7 @@ class DraftServerClient:
         except BaseException:
             self._stop(graceful=False)
             raise
+        remove_socket_files(self.addresses)  # both ends connected: Hello and Ready went through
         self.generation += 1
         return self.ready
 
@@ -216,6 +221,7 @@ class DraftServerClient:
             if channel is not None:
                 channel.close()
         self._inbox = self._outbox = None
+        remove_socket_files(self.addresses)
         if self._log is not None:
             self._log.close()
             self._log = None

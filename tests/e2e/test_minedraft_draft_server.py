@@ -135,6 +135,19 @@ def test_ready_reports_the_core_set(client: DraftServerClient) -> None:
     assert client.ready.device.startswith("cpu:1 (cores ")
 
 
+def socket_files(client: DraftServerClient) -> list[str]:
+    paths = (client.addresses.to_draft_server, client.addresses.to_scheduler)
+    return [p for p in (a.removeprefix("ipc://") for a in paths) if os.path.exists(p)]
+
+
+def test_socket_files_are_removed_once_connected(client: DraftServerClient) -> None:
+    """Connected, the pair needs no path: none is left behind when the server is killed (the
+    steps of this test and the ones after run over the connections alone)."""
+    assert socket_files(client) == []
+    step(client, DraftRequest(0, 0, (DraftEntry("s", [], 3, prompt_ids=[5, 6, 7]),)))
+    step(client, DraftRequest(1, 0, removed_rids=("s",)))
+
+
 def test_greedy_drafts_follow_verified_tokens(client: DraftServerClient, hf_model) -> None:
     """Several requests of different lengths over several steps; the verified tokens sometimes
     take all drafts, sometimes diverge after k of them, once append nothing. The drafts must be
@@ -239,6 +252,7 @@ def test_killed_server_is_detected_and_restarted(client: DraftServerClient, hf_m
     generation = client.generation
     client.restart()
     assert client.alive() and client.pid != old_pid and client.generation == generation + 1
+    assert socket_files(client) == []
     # The fresh server holds nothing: "k" must come again with its prompt.
     step(client, DraftRequest(1, 0, (DraftEntry("k", [8], 4),)))
     assert client.take_errors()[0].rids == ("k",)
@@ -254,6 +268,7 @@ def test_handshake_timeout_is_a_clear_error(ipc_dir: str) -> None:
     with pytest.raises(DraftServerError, match=r"no Ready within 0\.5s"):
         c.start()
     assert not c.alive() and c.pid is None
+    assert socket_files(c) == []
     c.close()
 
 
@@ -283,4 +298,5 @@ def test_corrupt_model_is_a_clear_error(tmp_path, ipc_dir: str) -> None:
     with pytest.raises(DraftServerError, match="failed to start: .*could not load .*corrupt-draft"):
         c.start()
     assert not c.alive() and c.pid is None
+    assert socket_files(c) == []
     c.close()

@@ -82,13 +82,15 @@ def start_draft_link(
         leave_draft_cores(device)
     link.start()
     logger.info(
-        "MINEDRAFT: draft server pid %s on %s (%s %s), %d drafts per request, policy %s",
+        "MINEDRAFT: draft server pid %s on %s (%s %s), %d drafts per request, policy %s; "
+        "its log: %s",
         client.pid,
         device,
         settings.drafter,
         settings.draft_model_path,
         settings.num_steps,
         settings.policy,
+        client.log_path,
     )
     return link
 

@@ -22,6 +22,10 @@ class DraftServerAddresses:
     to_draft_server: str  # scheduler PUSH -> draft server PULL
     to_scheduler: str  # draft server PUSH -> scheduler PULL
 
+    def socket_paths(self) -> tuple[str, str]:
+        """The filesystem paths of the two ipc:// endpoints."""
+        return tuple(a.removeprefix("ipc://") for a in (self.to_draft_server, self.to_scheduler))
+
 
 _MAX_IPC_PATH = 100  # sockaddr_un.sun_path is 108 bytes on Linux (104 on macOS)
 
@@ -47,9 +51,9 @@ def remove_socket_files(addresses: DraftServerAddresses) -> None:
     needed (a Unix socket connection outlives its path), and libzmq leaves a bound ipc path in
     place when the socket closes, so a pair killed with its server would leave two files in the
     temp dir per launch."""
-    for endpoint in (addresses.to_draft_server, addresses.to_scheduler):
+    for path in addresses.socket_paths():
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(endpoint.removeprefix("ipc://"))
+            os.unlink(path)
 
 
 class MessageChannel:

@@ -136,8 +136,7 @@ def test_ready_reports_the_core_set(client: DraftServerClient) -> None:
 
 
 def socket_files(client: DraftServerClient) -> list[str]:
-    paths = (client.addresses.to_draft_server, client.addresses.to_scheduler)
-    return [p for p in (a.removeprefix("ipc://") for a in paths) if os.path.exists(p)]
+    return [p for p in client.addresses.socket_paths() if os.path.exists(p)]
 
 
 def test_socket_files_are_removed_once_connected(client: DraftServerClient) -> None:

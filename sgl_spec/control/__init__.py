@@ -2,7 +2,7 @@
 nodes, or none) of highest predicted tokens per second, from measured step times and the
 running acceptance.
 
-- ``controller``: ``SpeculationController`` and its ``ControllerConfig``.
+- ``controller``: ``SpeculationController``; ``config``: its ``ControllerConfig`` and defaults.
 - ``chain_steps``, ``budget``: the controllers over a chain's length and over tree node budgets.
 - ``acceptance``: λ(k) per setting (a chain's per-position α, or per-budget estimates).
 - ``step_times``: served step times per batch-size bucket and setting (online calibration).

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sgl_spec.control.acceptance import BudgetAcceptance
-from sgl_spec.control.controller import SERVED_TUNING, ControllerConfig, SpeculationController
+from sgl_spec.control.config import SERVED_TUNING, ControllerConfig
+from sgl_spec.control.controller import SpeculationController
 from sgl_spec.control.cost_model import BudgetCost
 from sgl_spec.control.probes import served_budget
 

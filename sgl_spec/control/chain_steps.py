@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
+from sgl_spec.control.config import CHAIN_TUNING, ControllerConfig
+from sgl_spec.control.controller import SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
 from sgl_spec.control.ranks import agreed_across_ranks
 from sgl_spec.flags import CHAIN_STEPS_MODES

@@ -115,6 +115,10 @@ class StepClock:
 
     def __init__(self) -> None:
         self._last: tuple[float, object, int, int] | None = None  # (start, key, k, batch size)
+        self._before = -1  # the setting of the step before the one ``_last`` holds
+        self.steady = False
+        """Whether the step the last ``tick`` measured followed a step at its own setting:
+        the first step after a switch costs more than the ones after it (``observe_step``)."""
 
     def tick(
         self, key: tuple, now: float, across_changes: bool = False
@@ -123,8 +127,11 @@ class StepClock:
         returns ``(k, batch_size, seconds)`` of the previous step if it ran the same ones (with
         ``across_changes``: any of them)."""
         last, self._last = self._last, (now, key, -1, 0)
+        before, self._before = self._before, -1 if last is None else last[2]
+        self.steady = False
         if last is None or last[2] < 0:
             return None
+        self.steady = before == last[2]
         same = last[1] == key or (across_changes and not set(key).isdisjoint(last[1]))
         return (last[2], last[3], now - last[0]) if same else None
 
@@ -137,7 +144,7 @@ class StepClock:
         across = bool(getattr(config, "time_batch_changes", False))
         measured = self.tick(key, now, across)
         if measured is not None:
-            controller.observe_step(*measured)
+            controller.observe_step(*measured, steady=self.steady)
         if previous is not None and key != previous:  # who joined, who left
             controller.batch_changed(len(set(key).difference(previous)), len(key))
 

@@ -106,7 +106,8 @@ def alpha_prior(adapter_path: str, k_max: int) -> float | tuple[float, ...]:
 
 
 def build_controller(table_path: str | None, k_max: int, prior: float | tuple[float, ...]) -> Any:
-    from sgl_spec.control.controller import CHAIN_TUNING, ControllerConfig, SpeculationController
+    from sgl_spec.control.config import CHAIN_TUNING, ControllerConfig
+    from sgl_spec.control.controller import SpeculationController
     from sgl_spec.control.cost_model import GammaTable, MTPGatedLoRACost
 
     table = None

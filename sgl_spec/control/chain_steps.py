@@ -41,9 +41,10 @@ def steps_controller(max_steps: int, alpha: float = 0.7, **tuning: Any) -> Specu
 
 class ChainSteps:
     """The number of drafts of each decode step (module docstring); ``choose`` before the
-    step, ``observe`` the acceptance of the requests that were offered that many drafts."""
+    step, ``observe`` the acceptance of the requests that were offered that many drafts;
+    ``tuning`` overrides ``DRAFT_CHAIN_TUNING`` of the ``auto`` controller."""
 
-    def __init__(self, mode: str, max_steps: int, flag: str) -> None:
+    def __init__(self, mode: str, max_steps: int, flag: str, **tuning: Any) -> None:
         if mode not in CHAIN_STEPS_MODES:
             raise ValueError(f"{flag} must be one of {', '.join(CHAIN_STEPS_MODES)}; got {mode!r}")
         if max_steps < 1:
@@ -51,7 +52,7 @@ class ChainSteps:
         self.mode = mode
         self.max_steps = max_steps
         self.controller: Any = agreed_across_ranks(
-            steps_controller(max_steps) if mode == "auto" else None
+            steps_controller(max_steps, **tuning) if mode == "auto" else None
         )
         self.steps = 0 if mode == "off" else max_steps  # the length chosen last
         self.lam = 1.0  # the controller's predicted tokens per request for it

@@ -36,7 +36,10 @@ class StepsPolicy(ChainSteps):
     def __init__(self, mode: str, max_steps: int) -> None:
         if mode not in ("auto", "cycle", "off"):
             raise ValueError(f"--standalone-steps {mode!r} has no policy")
-        super().__init__(mode, max_steps, "--standalone-steps")
+        # The first drafted step after plain ones also runs the draft model over the tokens it
+        # deferred (``catch_up.py``): a cost of switching on that T(k) must carry, so every
+        # step is timed, the steps after a switch included.
+        super().__init__(mode, max_steps, "--standalone-steps", steady_times=False)
         self._active = max_steps  # SGLang's active runtime state (the launch's at first)
         self._cuda_graph_bs: list[int] | None = None
 

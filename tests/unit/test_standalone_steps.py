@@ -46,6 +46,16 @@ def test_bad_policy_settings_are_refused(mode: str, steps: int) -> None:
         StepsPolicy(mode, steps)
 
 
+def test_auto_times_the_steps_after_a_switch_where_the_draft_model_catches_up() -> None:
+    """STANDALONE's first drafted step after plain ones runs the deferred draft forwards, a
+    cost of switching on: its controller times every step; MINEDRAFT's (the draft server kept
+    caught up while plain) only steps that follow their own setting."""
+    from sgl_spec.control.chain_steps import ChainSteps
+
+    assert StepsPolicy("auto", 3).controller.config.steady_times is False
+    assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.steady_times is True
+
+
 def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> None:
     """The controller warms up and measures T(0) at 0 drafts, then probes the chain lengths
     and keeps the one whose measured tokens per second is best; acceptance comes from SGLang's

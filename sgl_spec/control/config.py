@@ -12,17 +12,20 @@ from sgl_spec.control.probes import served_budget
 # second verifies real drafts and updates the acceptance. A probe or a switch back on costs a
 # step without drafts, hence rare probes and a margin to switch on. A fresh server's first
 # decode steps run several times slower than the rest (lazy initialisation); with them in T(0)
-# a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``. The first step
-# after a switch of setting costs more than the next ones, hence ``steady_times``.
+# a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``.
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
-                 "probe_budget": served_budget(), "steady_times": True}  # fmt: skip
+                 "probe_budget": served_budget()}  # fmt: skip
 
 # A chain's controller (STANDALONE_FULL, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
 # property of the requests, so a batch that turned over is probed again; and positions past
 # the length in use are never verified, so while speculating the other lengths are probed every
-# 32 steps (else one request of poor deep acceptance pins a short chain for good).
-CHAIN_TUNING = {**SERVED_TUNING, "probe_on_turnover": True, "probe_others_every": 32}
+# 32 steps (else one request of poor deep acceptance pins a short chain for good). The first
+# step after a switch of length costs more than the next ones, hence ``steady_times``
+# (STANDALONE_FULL turns it off: its switch on is its draft model's catch-up, a cost of the
+# setting).
+CHAIN_TUNING = {**SERVED_TUNING, "probe_on_turnover": True, "probe_others_every": 32,
+                "steady_times": True}  # fmt: skip
 
 # With ``probe_on_turnover``: steps at k = 0 a turned-over batch runs before its probe (its
 # new requests' first tokens, committed plainly whatever the probe finds).

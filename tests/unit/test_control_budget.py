@@ -179,11 +179,10 @@ def test_step_clock_measures_start_to_start_of_the_same_requests() -> None:
 
 
 def test_speculating_budget_controller_runs_few_plain_steps() -> None:
-    """Off, it probes every 16 steps; on, T(0) is refreshed only every 256 steps (two plain
-    steps: the first, after a switch, is not timed)."""
+    """Off, it probes every 16 steps; on, T(0) is refreshed only every 256 steps."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
     serve(ctrl, 4, 200, node_cost=0.05)  # calibrated, speculating at budget 4
-    assert serve(ctrl, 4, 500, node_cost=0.05)[1] <= 4
+    assert serve(ctrl, 4, 500, node_cost=0.05)[1] <= 3
 
 
 def test_a_new_request_at_one_request_is_probed_at_once() -> None:

@@ -76,3 +76,13 @@ def test_a_probe_of_a_setting_not_measured_runs_until_its_time_is_measured() -> 
     probe = len(chosen[first:]) - len("".join(map(str, chosen[first:])).lstrip("1"))
     assert probe == ctrl.config.calibrate_steps + 1
     assert ctrl.times.get(1, 1) == pytest.approx(0.015)  # measured, the switch left out
+
+
+def test_chain_controllers_time_steady_steps_and_specblocks_every_step() -> None:
+    """MTP_LORA and MINEDRAFT (``CHAIN_TUNING``) time steady steps; SPECBLOCK's budget
+    controller every step (its drafter's catch-up is left out and priced on its own, and
+    steady times measured no better there)."""
+    from sgl_spec.control.budget import budget_controller
+
+    assert CHAIN_TUNING["steady_times"] is True
+    assert budget_controller((1, 2, 4), (0, 1, 3)).config.steady_times is False

@@ -17,7 +17,7 @@ SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
                  "probe_budget": served_budget()}  # fmt: skip
 
-# A chain's controller (STANDALONE_FULL, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
+# A chain's controller (STANDALONE_FULL, MINEDRAFT, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
 # property of the requests, so a batch that turned over is probed again; and positions past
 # the length in use are never verified, so while speculating the other lengths are probed every
 # 32 steps (else one request of poor deep acceptance pins a short chain for good). The first
@@ -49,8 +49,9 @@ class ControllerConfig:
     steps so that α can recover (0 never explores); while speculating with calibration on,
     k = 0 is probed for one step as often, unless ``refresh_every`` says otherwise."""
     refresh_every: int | None = None
-    """While speculating with calibration on, probe k = 0 for one step (T(0) stays fresh)
-    after that many steps (None: ``explore_every``; 0 never)."""
+    """While speculating with calibration on, probe k = 0 for one step (``probe_steps`` with
+    ``steady_times``; T(0) stays fresh) after that many steps (None: ``explore_every``; 0
+    never)."""
     probe_steps: int = 1
     calibrate_steps: int = 0
     """> 0 turns online calibration on: step times count as measured after that many

@@ -29,6 +29,10 @@ class AcceptanceModel(Protocol):
         """The most drafts one request can accept in a step at setting k."""
         ...
 
+    def population_length(self, k: int) -> float:
+        """λ(k) of the requests served so far, not only of those in the batch now."""
+        ...
+
     def observe(self, k: int, counts: Sequence[int]) -> None:
         """One step at setting k accepted ``counts[i]`` drafts for request i."""
         ...
@@ -45,6 +49,15 @@ POPULATION_WEIGHT = 0.01
 # Observations of a position before its population estimate may renew the running one: fewer
 # would only come from the first request's warm-up probes.
 POPULATION_MIN_SEEN = 64
+
+
+def _chain_length(alphas: Sequence[float]) -> float:
+    """1 + Σ_i Π_{j≤i} α_j: the bonus token plus the expected accepted drafts of a chain."""
+    lam, survive = 1.0, 1.0
+    for alpha in alphas:
+        survive *= alpha
+        lam += survive
+    return lam
 
 
 class ChainAcceptance:
@@ -67,11 +80,10 @@ class ChainAcceptance:
         self.weight = weight
 
     def length(self, k: int) -> float:
-        lam, survive = 1.0, 1.0
-        for alpha in self.alphas[:k]:
-            survive *= alpha
-            lam += survive
-        return lam
+        return _chain_length(self.alphas[:k])
+
+    def population_length(self, k: int) -> float:
+        return _chain_length(self.population[:k])
 
     def most_accepted(self, k: int) -> int:
         return k
@@ -117,6 +129,10 @@ class BudgetAcceptance:
 
     def length(self, k: int) -> float:
         return 1.0 + max(self.estimates[: k + 1])
+
+    def population_length(self, k: int) -> float:
+        """The running estimate: it already follows the requests served within a few steps."""
+        return self.length(k)
 
     def most_accepted(self, k: int) -> int:
         return self.max_drafts[k]

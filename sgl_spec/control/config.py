@@ -12,10 +12,13 @@ from sgl_spec.control.probes import served_budget
 # second verifies real drafts and updates the acceptance. A probe or a switch back on costs a
 # step without drafts, hence rare probes and a margin to switch on. A fresh server's first
 # decode steps run several times slower than the rest (lazy initialisation); with them in T(0)
-# a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``.
+# a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``. At a large batch,
+# where a verify of several tokens per request costs several plain steps, probes of settings
+# that could not pay at the batch's plausible acceptance cost that much for nothing (MTP_LORA
+# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes``.
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
-                 "probe_budget": served_budget()}  # fmt: skip
+                 "probe_budget": served_budget(), "plausible_probes": True}  # fmt: skip
 
 # A chain's controller (STANDALONE_FULL, MINEDRAFT, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
 # property of the requests, so a batch that turned over is probed again; and positions past
@@ -85,6 +88,12 @@ class ControllerConfig:
     the first step after a switch costs more, and T(0) while speculating or T(k) while off would
     otherwise come from such steps alone. A probe then runs one step more, and k = 0 is
     refreshed while speculating for ``probe_steps`` steps instead of one."""
+    plausible_probes: bool = False
+    """While off, probe only settings that could pay at the acceptance a batch of this size
+    plausibly has (``SpeculationController.could_pay``): many requests accept near the
+    population's mean, so at a large batch where drafting loses at any such acceptance a probe
+    only pays its loss; a batch of one request may accept anything, and is probed as before.
+    With none plausible the wait doubles; at the longest wait the best setting is probed."""
     warmup_steps: int = 0
     """With calibration, the first steps a server runs are plain (k = 0) and their times are not
     recorded: lazy initialisation makes them several times slower than the rest, and T(0) is

@@ -27,6 +27,7 @@ long enough for the probes to cost at most ``probe_budget`` of serving time (``p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
@@ -40,6 +41,9 @@ from sgl_spec.control.step_times import StepTimes
 # While probes keep confirming that speculation does not pay, the wait between them doubles up
 # to this multiple of ``explore_every``; a step that speculates on merit resets it.
 MAX_EXPLORE_BACKOFF = 8
+# With ``plausible_probes``, while no setting could pay at a plausible acceptance, the wait
+# doubles up to this many steps instead (the times the decision rests on are checked again then).
+IMPLAUSIBLE_WAIT = 1024
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class SpeculationController:
         self.num_steps_seen = 0  # steps reported to observe_step, warm-up included
         self.num_steps_on = 0  # consecutive steps at k > 0
         self._backoff = 1  # explore_every multiplier while speculation stays off
+        self._implausible = False  # the last probe due found no setting that could pay
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
         self._probed_batch_size = 0  # at the last probe
         self._probe: tuple[int, int] | None = None  # (k, steps left)
@@ -185,7 +190,7 @@ class SpeculationController:
         if decision.k > 0:
             self.num_steps_off = 0
             self.num_steps_on += 1
-            self._backoff = 1
+            self._backoff, self._implausible = 1, False
             refresh = every if self.config.refresh_every is None else self.config.refresh_every
             if self.calibrating and refresh and self.num_steps_on % (refresh + 1) == 0:
                 # refresh T(0) with plain steps; speculation stays on
@@ -205,19 +210,57 @@ class SpeculationController:
             return decision
         self.num_steps_on = 0
         if every and self.num_steps_off >= every * self._backoff:
-            explore = self.best(batch_size, ctx_len, min_k=1)
-            # a setting not measured here: priced from its bound, probed until measured (a
-            # probe that leaves speculation off doubles the wait for the next one, below)
-            steps = max(self._steps_to_measure(batch_size, explore.k), self.config.probe_steps)
-            known = explore.source in ("measured", "bound")
-            self._priced_wait = self.prices.wait(batch_size, explore.tau, explore.lam, known, steps)
-            if self._since_probe >= self._priced_wait:
-                self.num_steps_off = 0
-                self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
-                self.prices.opened(explore.k, steps)
-                return self._start_probe(explore, batch_size, steps)
+            probe = self._probe_while_off(batch_size, ctx_len)
+            if probe is not None:
+                return probe
         self.num_steps_off += 1
         return decision
+
+    def _probe_while_off(self, batch_size: int, ctx_len: int) -> Decision | None:
+        """The probe due while off, or None: not yet paid for (``probe_budget``), or, with
+        ``plausible_probes``, no setting could pay at a plausible acceptance (the wait doubles
+        up to ``IMPLAUSIBLE_WAIT`` steps; then the best setting is probed all the same)."""
+        candidates = [self.predict(k, batch_size, ctx_len) for k in range(1, self.config.k_max + 1)]
+        if self.config.plausible_probes:
+            plausible = [d for d in candidates if self.could_pay(d, batch_size)]
+            self._implausible = not plausible
+            longest = max(MAX_EXPLORE_BACKOFF, IMPLAUSIBLE_WAIT // self.config.explore_every)
+            if not plausible and self._backoff < longest:
+                self.num_steps_off = 0
+                self._backoff = min(2 * self._backoff, longest)
+                return None
+            candidates = plausible or candidates
+        explore = max(candidates, key=lambda d: d.predicted_speedup)
+        # a setting not measured here: priced from its bound, probed until measured (a probe
+        # that leaves speculation off doubles the wait for the next one, below)
+        steps = max(self._steps_to_measure(batch_size, explore.k), self.config.probe_steps)
+        known = explore.source in ("measured", "bound")
+        self._priced_wait = self.prices.wait(batch_size, explore.tau, explore.lam, known, steps)
+        if self._since_probe < self._priced_wait:
+            return None
+        self.num_steps_off = 0
+        if not self._implausible:
+            self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
+        self.prices.opened(explore.k, steps)
+        return self._start_probe(explore, batch_size, steps)
+
+    def plausible_length(self, k: int, batch_size: int) -> float:
+        """The largest acceptance length a batch of ``batch_size`` requests plausibly has at
+        setting k: the population's λ(k) plus two standard deviations of a mean of that many
+        requests, each accepting between 1 and 1 + most_accepted(k) tokens (at most half that
+        range apart: Popoviciu), so (most_accepted(k)) / sqrt(batch_size) -- the full range
+        for one request, near the population's for many."""
+        most = self.acceptance.most_accepted(k)
+        spread = most / math.sqrt(max(batch_size, 1))
+        return min(1.0 + most, self.acceptance.population_length(k) + spread)
+
+    def could_pay(self, decision: Decision, batch_size: int) -> bool:
+        """Whether ``decision``'s setting beats 1 + margin at ``plausible_length``: else a probe
+        could only confirm that it loses. A τ from the γ table or the prior always could."""
+        if decision.k == 0 or decision.source not in ("measured", "bound"):
+            return True
+        lam = self.plausible_length(decision.k, batch_size)
+        return decision.tau * lam > 1.0 + self.config.margin
 
     def _calibration_step(self, batch_size: int, ctx_len: int) -> Decision | None:
         """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
@@ -234,6 +277,8 @@ class SpeculationController:
                 bound = self.predict(k, batch_size, ctx_len)
                 if bound.predicted_speedup <= 1.0 + self.config.margin:
                     continue  # cannot pay even if it cost no more than the last measured k
+                if self.config.plausible_probes and not self.could_pay(bound, batch_size):
+                    continue  # nor at any acceptance this batch plausibly has
                 steps = self._steps_to_measure(batch_size, k)
                 return self._start_probe(bound, batch_size, steps)
         return None
@@ -254,7 +299,8 @@ class SpeculationController:
         shrunk = 2 * batch_size <= self._probed_batch_size
         if every and self.num_steps_on == 0 and (turned_over or shrunk):
             self._joined, self._probed_batch_size = 0, batch_size
-            self._backoff = 1
+            if shrunk or not self._implausible:  # else the wait keeps doubling: nothing could
+                self._backoff = 1  # pay at this batch's plausible acceptance (``could_pay``)
             self.num_steps_off = max(self.num_steps_off, every - TURNOVER_PROBE_STEPS)
             if batch_size <= UNPRICED_NEW_BATCH and joined >= batch_size:  # at any price
                 self._since_probe = 1 << 30

@@ -104,7 +104,7 @@ def test_auto_prices_the_steps_after_a_join_at_high_concurrency() -> None:
 
     identical_only = ChainSteps("auto", 3, "--minedraft-steps")
     identical_only.controller = steps_controller(  # every step timed that can be
-        3, time_chunk=1, time_batch_changes=False, steady_times=False
+        3, time_chunk=1, time_batch_changes=False, steady_times=False, plausible_probes=False
     )
     chosen, _ = serve_turning_over(identical_only, join_cost=0.060)
     assert sum(chosen[-1000:]) / 1000 > 0.5

@@ -4,6 +4,8 @@ serving time, turnovers included, and where it nearly pays they stay frequent.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sgl_spec.control.budget import PROBE_BUDGET, budget_controller
@@ -79,6 +81,8 @@ def test_probes_cost_at_most_their_budget_where_nothing_pays() -> None:
     assert priced.config.probe_budget == PROBE_BUDGET == 0.03  # SPECBLOCK's served default
     unpriced = budget_controller(BUDGETS, MAX_DRAFTS)
     unpriced.prices = ProbePrices(0.0, unpriced.config.probe_steps)
+    for ctrl in (priced, unpriced):  # the price alone (plausible probes: below)
+        ctrl.config = replace(ctrl.config, plausible_probes=False)
     serve_off(priced, 32, 300, turnover_every=0)  # calibrated, off
     serve_off(unpriced, 32, 300, turnover_every=0)
     assert serve_off(priced, 32, 4000, turnover_every=40) <= 0.035

@@ -38,8 +38,12 @@ class StepsPolicy(ChainSteps):
             raise ValueError(f"--standalone-steps {mode!r} has no policy")
         # The first drafted step after plain ones also runs the draft model over the tokens it
         # deferred (``catch_up.py``): a cost of switching on that T(k) must carry, so every
-        # step is timed, the steps after a switch included.
-        super().__init__(mode, max_steps, "--standalone-steps", steady_times=False)
+        # step is timed, the steps after a switch included. That cost grows with the plain
+        # steps before it, so T(k) measured after a long wait says little about a probe sooner:
+        # probes are not held back by it (``plausible_probes``, whose growing wait grew it).
+        super().__init__(
+            mode, max_steps, "--standalone-steps", steady_times=False, plausible_probes=False
+        )
         self._active = max_steps  # SGLang's active runtime state (the launch's at first)
         self._cuda_graph_bs: list[int] | None = None
 

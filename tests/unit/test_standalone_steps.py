@@ -54,6 +54,8 @@ def test_auto_times_the_steps_after_a_switch_where_the_draft_model_catches_up() 
 
     assert StepsPolicy("auto", 3).controller.config.steady_times is False
     assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.steady_times is True
+    assert StepsPolicy("auto", 3).controller.config.plausible_probes is False
+    assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.plausible_probes is True
 
 
 def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> None:

@@ -15,7 +15,8 @@ from sgl_spec.control.probes import served_budget
 # a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``. At a large batch,
 # where a verify of several tokens per request costs several plain steps, probes of settings
 # that could not pay at the batch's plausible acceptance cost that much for nothing (MTP_LORA
-# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes``.
+# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes`` (STANDALONE_FULL turns
+# it off: its catch-up after a wait grows with the wait, ``standalone/control.py``).
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
                  "probe_budget": served_budget(), "plausible_probes": True}  # fmt: skip

@@ -48,8 +48,9 @@ def test_bad_policy_settings_are_refused(mode: str, steps: int) -> None:
 
 def test_auto_times_the_steps_after_a_switch_where_the_draft_model_catches_up() -> None:
     """STANDALONE's first drafted step after plain ones runs the deferred draft forwards, a
-    cost of switching on: its controller times every step; MINEDRAFT's (the draft server kept
-    caught up while plain) only steps that follow their own setting."""
+    cost of switching on: its controller times every step, and, that cost growing with the wait,
+    does not hold probes back to plausible payers; MINEDRAFT's (the draft server kept caught up
+    while plain) times only steps that follow their own setting and does."""
     from sgl_spec.control.chain_steps import ChainSteps
 
     assert StepsPolicy("auto", 3).controller.config.steady_times is False

@@ -11,9 +11,10 @@ memory read bandwidth: the roofline that bounds T(n)/T(1) from below.
 
 ``--forward`` instead times every linear layer of one forward of the shipped target (8 layers:
 fused q/k/v, o, fused gate/up, down; 104 MB of float32 weights, more than the last-level cache
-holds, as in serving) at 1-16 rows, through ``F.linear`` and through MKL's GEMM on weights
-packed ahead of time (``torch.ops.mkl._mkl_linear``, what the ``cpu_packed_linear`` patch
-serves), alternating the two paths forward by forward.
+holds, as in serving) at 1-64 rows, through ``F.linear``, through MKL's GEMM on weights packed
+ahead of time (``torch.ops.mkl._mkl_linear``, the ``mkl`` kind of the ``cpu_packed_linear``
+patch) and, where it is built, through our native kernel (its default kind), alternating the
+paths forward by forward.
 """
 
 from __future__ import annotations
@@ -82,17 +83,23 @@ def measure(shape: tuple[int, int]) -> dict:
 
 # one forward of the shipped target: 8 x (fused q/k/v, o, fused gate/up, down)
 FORWARD_SHAPES = ((1536, 512), (512, 512), (2560, 512), (512, 1280)) * 8
+FORWARD_ROWS = (1, 2, 4, 6, 9, 16, 32, 64)  # 6, 9: MTP_LORA's gated rows and width at k = 2
 
 
 def forward_set(threads: int, reps: int = 40) -> list[dict]:
-    """Median ms per forward's linears, ``F.linear`` against packed MKL, alternating."""
+    """Median ms per forward's linears: ``F.linear``, packed MKL and our native kernel (where
+    built), alternating."""
     import statistics
 
+    from sgl_spec.cpu_kernels import native
+
+    ops = native.ops()
     torch.set_num_threads(threads)
     weights = [torch.randn(o, i) * 0.02 for o, i in FORWARD_SHAPES]
     packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, 16) for w in weights]
+    panels = [ops.pack_linear_weight(w) for w in weights] if ops is not None else None
     rows_out = []
-    for n in ROWS:
+    for n in FORWARD_ROWS:
         xs = {i: torch.randn(n, i) for _, i in FORWARD_SHAPES}
         paths = {
             "default": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for w in weights],
@@ -101,6 +108,11 @@ def forward_set(threads: int, reps: int = 40) -> list[dict]:
                 for w, p in zip(weights, packed, strict=True)
             ],
         }
+        if panels is not None:
+            paths["native"] = lambda xs=xs: [
+                ops.packed_linear(xs[w.shape[1]], p, w.shape[0], None)
+                for w, p in zip(weights, panels, strict=True)
+            ]
         times: dict[str, list[float]] = {k: [] for k in paths}
         for r in range(reps):
             for name in list(paths)[:: 1 if r % 2 else -1]:
@@ -109,8 +121,9 @@ def forward_set(threads: int, reps: int = 40) -> list[dict]:
                 times[name].append(time.perf_counter() - tic)
         ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         rows_out.append({"rows": n, **{f"{k}_ms": v for k, v in ms.items()}})
-        print(f"rows {n:2d}: F.linear {ms['default']:6.2f} ms  packed {ms['packed']:6.2f} ms"
-              f"  packed / F.linear {ms['packed'] / ms['default']:.3f}")  # fmt: skip
+        others = "  ".join(f"{k} {v:6.2f} ms ({v / ms['default']:.3f}x)"
+                           for k, v in ms.items() if k != "default")  # fmt: skip
+        print(f"rows {n:2d}: F.linear {ms['default']:6.2f} ms  {others}")
     return rows_out
 
 
@@ -121,7 +134,9 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="one target forward's linears")
     args = parser.parse_args()
     if args.forward:
-        result = {"threads": args.threads, "forward": forward_set(args.threads)}
+        cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+        isa = [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in cpu.split()]
+        result = {"threads": args.threads, "isa": isa, "forward": forward_set(args.threads)}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

@@ -30,6 +30,8 @@ import torch
 from sglang.srt.distributed.utils import get_group_rank_size
 from torch import nn
 
+from sgl_spec.patches import cpu_packed_linear as cpu_linear
+
 # SGLang fused module -> the HF projections it concatenates, in output order.
 FUSED_MODULES = {
     "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -75,12 +77,25 @@ class _Delta(nn.Module):
         b = torch.block_diag(*[b for _, b in factors]) * scaling  # [sum(out), sum(rank)]
         self.a = nn.Parameter(a.to(dtype), requires_grad=False)
         self.b = nn.Parameter(b.to(dtype), requires_grad=False)
+        # float32 on a CPU with our native kernel: both factors packed like the base layers
+        # (``patches/cpu_packed_linear.py``), whose kernel beats ``torch.matmul`` at these rows
+        self._packed = None
+        if self.a.device.type == "cpu" and dtype == torch.float32 and cpu_linear.kind() == "native":
+            if cpu_linear.available("native"):
+                self._packed = tuple(cpu_linear.PackedWeight(w, "native") for w in (self.a, self.b))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
-        low = x.to(self.a.dtype) @ self.a.t()
+        low = self._matmul(x.to(self.a.dtype), 0)
         if self.reduce is not None:
             low = self.reduce(low)
-        return low @ self.b.t()
+        return self._matmul(low, 1)
+
+    def _matmul(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        """``x @ factor.T`` for factor ``a`` (0) or ``b`` (1)."""
+        weight = self.b if which else self.a
+        if self._packed is not None and self._packed[which].takes(x.shape[0]):
+            return self._packed[which].linear(x.contiguous(), weight, None)
+        return x @ weight.t()
 
 
 class GatedLoRA:

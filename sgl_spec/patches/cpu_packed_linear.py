@@ -8,9 +8,10 @@ the weights once bounds those shapes (``benchmarks/RESULTS.md``). After SGLang's
 ``process_weights_after_loading`` this patch packs each remaining float32 CPU weight, and
 ``apply`` multiplies with the packed copy, by one of two kernels (``SGLSPEC_CPU_PACKED_LINEAR``):
 
-- ``native`` (the default where our native CPU library is built and the CPU has AVX-512):
+- ``native`` (the default where our native CPU library is built and the CPU has AVX-512, or
+  AVX2 with FMA):
   ``sgl_spec_native.packed_linear`` (``cpu_kernels/csrc/ops.cpp``) serves every call of 1 to
-  ``NATIVE_MAX_ROWS`` rows (decodes, verify and draft passes) in about one pass over the
+  ``native_max_rows()`` rows (decodes, verify and draft passes) in about one pass over the
   weights; more rows (prefill) keep ``F.linear``. Each output is one float32 sum in input
   order whatever the row count, so a verify row computes exactly what a decode of that row
   computes in these layers.
@@ -40,20 +41,30 @@ ENV_SWITCH = "SGLSPEC_CPU_PACKED_LINEAR"
 KINDS = ("native", "mkl")
 _MKL_PACK_ROWS = 16  # row-count hint for MKL's packing; any row count can use the packed weight
 MKL_MIN_ROWS = 4  # below this F.linear measured as fast as MKL's packed GEMM
-NATIVE_MAX_ROWS = 64  # beyond this (prefill) MKL's GEMM measured as fast or faster
+NATIVE_MAX_ROWS = 64  # beyond this (prefill) MKL's GEMM measured as fast or faster (AVX-512)
+# without AVX-512 the native kernel measured 1.1-1.9x faster than MKL's GEMM up to 256 rows
+NATIVE_MAX_ROWS_AVX2 = 256
+
+
+@functools.cache
+def native_max_rows() -> int:
+    """The most rows a call sends to the native kernel on this CPU."""
+    from sgl_spec.cpu_kernels.native import _cpu_flags
+
+    return NATIVE_MAX_ROWS if "avx512f" in _cpu_flags().split() else NATIVE_MAX_ROWS_AVX2
 
 
 def kind() -> str | None:
     """The kernel ``SGLSPEC_CPU_PACKED_LINEAR`` asks for: ``auto`` (unset) is ``native`` where
-    it is available and the CPU has AVX-512, else none; ``1`` is the older spelling of ``mkl``;
-    ``0`` is none. Raises on any other value."""
+    it is available and the CPU has AVX-512 or AVX2 with FMA, else none; ``1`` is the older
+    spelling of ``mkl``; ``0`` is none. Raises on any other value."""
     value = os.environ.get(ENV_SWITCH, "auto").strip().lower()
     if value in ("0", "off", "false"):
         return None
     if value == "1":
         return "mkl"
     if value == "auto":
-        return "native" if available("native") and _has_avx512() else None
+        return "native" if available("native") and has_vector_fma() else None
     if value not in KINDS:
         raise ValueError(f"{ENV_SWITCH}={value!r}: expected auto, native, mkl or 0")
     return value
@@ -64,10 +75,12 @@ def enabled(config: SpecConfig) -> bool:
 
 
 @functools.cache
-def _has_avx512() -> bool:
+def has_vector_fma() -> bool:
+    """AVX-512, or AVX2 with FMA: the vector widths the native kernel is tiled for."""
     from sgl_spec.cpu_kernels.native import _cpu_flags
 
-    return "avx512f" in _cpu_flags().split()
+    flags = set(_cpu_flags().split())
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
 def available(which: str) -> bool:
@@ -103,7 +116,7 @@ class PackedWeight:
     def takes(self, rows: int) -> bool:
         """Whether a call of ``rows`` rows goes through this packed weight."""
         if self.kind == "native":
-            return rows <= NATIVE_MAX_ROWS
+            return rows <= native_max_rows()
         return rows >= MKL_MIN_ROWS
 
     def linear(

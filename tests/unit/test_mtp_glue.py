@@ -140,3 +140,25 @@ def test_auto_relearns_deep_masks_after_a_poor_request() -> None:
         controller.observe_step(k, 1, seconds[k])
     assert history[380:400].count(1) >= 15, history[380:400]
     assert history[-50:].count(3) >= 40, history[-50:]
+
+
+@pytest.mark.parametrize("kernel", ["native", "0"])
+def test_lora_delta_through_the_packed_kernel_equals_matmul(monkeypatch, kernel) -> None:
+    """With our native linear kernel the LoRA factors are packed like the base layers; the
+    delta is the same (float32 rounding) for the rows of a step and of a prefill, and with the
+    kernel off the factors stay plain matmuls."""
+    from sgl_spec.mtp.sglang_lora import _Delta
+    from sgl_spec.patches import cpu_packed_linear as cpu_linear
+
+    if kernel == "native" and not cpu_linear.available("native"):
+        pytest.skip("native CPU kernels not built on this host")
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, kernel)
+    gen = torch.Generator().manual_seed(0)
+    factors = [(torch.randn(4, 40, generator=gen), torch.randn(out, 4, generator=gen))
+               for out in (24, 9, 9)]  # fmt: skip
+    delta = _Delta(factors, 0.5, torch.float32)
+    assert (delta._packed is not None) is (kernel == "native")
+    for rows in (1, 6, 9, 100):  # 100: more rows than the kernel takes, plain matmul
+        x = torch.randn(rows, 40, generator=gen)
+        expected = torch.cat([(x @ a.t()) @ b.t() * 0.5 for a, b in factors], dim=1)
+        torch.testing.assert_close(delta(x), expected, rtol=1e-5, atol=1e-5)

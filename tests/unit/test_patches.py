@@ -323,7 +323,7 @@ def test_cpu_packed_linear_is_row_invariant_and_follows_weight_updates(which: st
     if which == "native":  # every row count up to the limit, one row alone included
         ones = torch.cat([patch.packed_linear(layer, rows[i : i + 1], bias) for i in range(21)])
         assert torch.equal(ones, out.reshape(-1, 512))
-        many = torch.randn(patch.NATIVE_MAX_ROWS + 1, 512)
+        many = torch.randn(patch.native_max_rows() + 1, 512)
         assert patch.packed_linear(layer, many, None) is None  # prefill-sized: F.linear's path
     else:
         assert patch.packed_linear(layer, rows[:3], bias) is None  # few rows: F.linear's path
@@ -382,8 +382,8 @@ def test_cpu_packed_linear_switch(monkeypatch) -> None:
     with pytest.raises(ValueError, match="expected auto, native, mkl or 0"):
         patch.kind()
     monkeypatch.delenv(patch.ENV_SWITCH)
-    # by default: the native kernel where it is built and the CPU has AVX-512, else off
-    expected = "native" if patch.available("native") and patch._has_avx512() else None
+    # by default: the native kernel where it is built and the CPU has AVX-512 or AVX2 + FMA
+    expected = "native" if patch.available("native") and patch.has_vector_fma() else None
     assert patch.kind() == expected
     monkeypatch.setenv(patch.ENV_SWITCH, "1")
     assert patch.enabled(SpecConfig())

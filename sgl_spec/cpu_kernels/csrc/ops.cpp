@@ -583,15 +583,19 @@ void extend_attention(const at::Tensor& q_extend, const std::optional<at::Tensor
 // over the weights; further tiles pass over the same panels while they sit in L2. Each output is one float32 sum over the input features in order, with fused
 // multiply-adds, whatever the row count: a row's result does not depend on the other rows.
 
-constexpr int64_t kOutBlock = 16;
-typedef float vblock __attribute__((vector_size(kOutBlock * sizeof(float))));
+// A panel is kOutBlock outputs, one vector register wide: a generic vector wider than the
+// hardware's is kept in memory by the compiler, every accumulation a load and a store.
 #if defined(__AVX512F__)
+constexpr int64_t kOutBlock = 16;
 constexpr int64_t kMaxTileRows = 16;  // 32 vector registers: rows x panels accumulators
 inline constexpr int panels_for(int rows) { return rows <= 4 ? 4 : 2; }
 #else
-constexpr int64_t kMaxTileRows = 6;  // 16 (half-width) registers
-inline constexpr int panels_for(int rows) { return rows <= 2 ? 2 : 1; }
+constexpr int64_t kOutBlock = 8;  // AVX2: 16 registers of 8 floats
+constexpr int64_t kMaxTileRows = 6;  // 12 accumulators, 2 weight panels, the broadcast row value
+// more panels for fewer rows measured slower here (1-4 rows: 1.2-2.8x), so always two
+inline constexpr int panels_for(int) { return 2; }
 #endif
+typedef float vblock __attribute__((vector_size(kOutBlock * sizeof(float))));
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   check_f32(weight, "weight");
@@ -653,8 +657,8 @@ void linear_tile_blocks(const float* x, const float* packed, const float* bias, 
                               std::min<int64_t>(PANELS, count - b));
 }
 
-constexpr int64_t kTaskBlocks = 4;  // output blocks per task: its panels stay in L2 while
-                                    // every row tile passes over them
+// output blocks per task (64 outputs): its panels stay in L2 while every row tile passes over them
+constexpr int64_t kTaskBlocks = 64 / kOutBlock;
 
 // x [rows, in] contiguous; packed from pack_linear_weight of an [out, in] weight.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,

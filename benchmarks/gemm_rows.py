@@ -134,8 +134,9 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="one target forward's linears")
     args = parser.parse_args()
     if args.forward:
-        cpu = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
-        isa = [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in cpu.split()]
+        from sgl_spec.cpu_kernels.native import _cpu_flags
+
+        isa = [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in _cpu_flags().split()]
         result = {"threads": args.threads, "isa": isa, "forward": forward_set(args.threads)}
         if args.json:
             with open(args.json, "w") as f:

@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from sglang.srt.distributed.utils import get_group_rank_size
@@ -77,12 +78,13 @@ class _Delta(nn.Module):
         b = torch.block_diag(*[b for _, b in factors]) * scaling  # [sum(out), sum(rank)]
         self.a = nn.Parameter(a.to(dtype), requires_grad=False)
         self.b = nn.Parameter(b.to(dtype), requires_grad=False)
-        # float32 on a CPU with our native kernel: both factors packed like the base layers
-        # (``patches/cpu_packed_linear.py``), whose kernel beats ``torch.matmul`` at these rows
-        self._packed = None
-        if self.a.device.type == "cpu" and dtype == torch.float32 and cpu_linear.kind() == "native":
-            if cpu_linear.available("native"):
-                self._packed = tuple(cpu_linear.PackedWeight(w, "native") for w in (self.a, self.b))
+        # float32 on a CPU with our native kernel: both factors packed like the base layers and
+        # multiplied by the patch's own path (``patches/cpu_packed_linear.py``), whose kernel
+        # beats ``torch.matmul`` at these rows; elsewhere ``packed_linear`` declines, a matmul
+        self._factors = (SimpleNamespace(weight=self.a), SimpleNamespace(weight=self.b))
+        if cpu_linear.kind() == "native" and cpu_linear.available("native"):
+            for factor in self._factors:
+                cpu_linear.pack(factor, "native")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
         low = self._matmul(x.to(self.a.dtype), 0)
@@ -92,10 +94,9 @@ class _Delta(nn.Module):
 
     def _matmul(self, x: torch.Tensor, which: int) -> torch.Tensor:
         """``x @ factor.T`` for factor ``a`` (0) or ``b`` (1)."""
-        weight = self.b if which else self.a
-        if self._packed is not None and self._packed[which].takes(x.shape[0]):
-            return self._packed[which].linear(x.contiguous(), weight, None)
-        return x @ weight.t()
+        factor = self._factors[which]
+        out = cpu_linear.packed_linear(factor, x, None)
+        return x @ factor.weight.t() if out is None else out
 
 
 class GatedLoRA:

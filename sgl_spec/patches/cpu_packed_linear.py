@@ -47,11 +47,15 @@ NATIVE_MAX_ROWS_AVX2 = 256
 
 
 @functools.cache
-def native_max_rows() -> int:
-    """The most rows a call sends to the native kernel on this CPU."""
+def _isa() -> frozenset[str]:
     from sgl_spec.cpu_kernels.native import _cpu_flags
 
-    return NATIVE_MAX_ROWS if "avx512f" in _cpu_flags().split() else NATIVE_MAX_ROWS_AVX2
+    return frozenset(_cpu_flags().split())
+
+
+def native_max_rows() -> int:
+    """The most rows a call sends to the native kernel on this CPU."""
+    return NATIVE_MAX_ROWS if "avx512f" in _isa() else NATIVE_MAX_ROWS_AVX2
 
 
 def kind() -> str | None:
@@ -74,13 +78,9 @@ def enabled(config: SpecConfig) -> bool:
     return kind() is not None
 
 
-@functools.cache
 def has_vector_fma() -> bool:
     """AVX-512, or AVX2 with FMA: the vector widths the native kernel is tiled for."""
-    from sgl_spec.cpu_kernels.native import _cpu_flags
-
-    flags = set(_cpu_flags().split())
-    return "avx512f" in flags or {"avx2", "fma"} <= flags
+    return "avx512f" in _isa() or {"avx2", "fma"} <= _isa()
 
 
 def available(which: str) -> bool:

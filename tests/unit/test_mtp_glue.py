@@ -157,7 +157,8 @@ def test_lora_delta_through_the_packed_kernel_equals_matmul(monkeypatch, kernel)
     factors = [(torch.randn(4, 40, generator=gen), torch.randn(out, 4, generator=gen))
                for out in (24, 9, 9)]  # fmt: skip
     delta = _Delta(factors, 0.5, torch.float32)
-    assert (delta._packed is not None) is (kernel == "native")
+    packed = [getattr(f, "_sgl_spec_packed", None) is not None for f in delta._factors]
+    assert packed == [kernel == "native"] * 2
     for rows in (1, 6, 9, 100):  # 100: more rows than the kernel takes, plain matmul
         x = torch.randn(rows, 40, generator=gen)
         expected = torch.cat([(x @ a.t()) @ b.t() * 0.5 for a, b in factors], dim=1)

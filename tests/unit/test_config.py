@@ -69,13 +69,19 @@ def test_cpu_defaults_respect_user_choices() -> None:
     assert "--disable-overlap-schedule" in argv
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    assert env["THP_MEM_ALLOC_ENABLE"] == "1"
     user = ["--device=cpu", "--attention-backend", "torch_native", "--enable-overlap-schedule"]
-    user_env = {"SGLANG_USE_CPU_ENGINE": "0", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    user_env = {
+        "SGLANG_USE_CPU_ENGINE": "0",
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "THP_MEM_ALLOC_ENABLE": "0",
+    }
     argv = apply_cpu_defaults(user, user_env)
     assert argv == user
     assert (
         user_env["SGLANG_USE_CPU_ENGINE"] == "0" and user_env["MALLOC_MMAP_THRESHOLD_"] == "65536"
     )
+    assert user_env["THP_MEM_ALLOC_ENABLE"] == "0"
 
 
 def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:

@@ -45,6 +45,20 @@ def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
     return out
 
 
+def without_flag(argv: list[str], name: str) -> list[str]:
+    """``argv`` with every occurrence of ``name`` (``name value`` or ``name=value``) removed."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
 @dataclass(frozen=True)
 class LaunchArgs:
     """The SGLang settings our launch checks read, in one place: parsed from the launcher's argv

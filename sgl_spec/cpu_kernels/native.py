@@ -1,4 +1,4 @@
-"""Native float32 CPU kernels (``csrc/ops.cpp``), built on this host with the system C++ compiler.
+"""Native float32 CPU kernels (``csrc/ops.cpp``, ``csrc/linear.cpp``), built on this host with the system C++ compiler.
 
 The PyTorch ops in ``layers.py`` and ``attention.py`` call these for the float32 cases they
 cover (RMSNorm, fused add + RMSNorm, neox RoPE, KV row stores, paged decode and short extend
@@ -26,7 +26,8 @@ from pathlib import Path
 
 ENV_SWITCH = "SGLSPEC_CPU_NATIVE"
 ENV_DIR = "SGLSPEC_NATIVE_DIR"
-SOURCE = Path(__file__).with_name("csrc") / "ops.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("ops.cpp", "linear.cpp"))
+HEADERS = (Path(__file__).with_name("csrc") / "common.h",)
 NAMESPACE = "sgl_spec_native"
 # -ffp-contract=off: no fused multiply-adds, so element-wise kernels round as PyTorch's do;
 # -fno-trapping-math only lets loops with selects vectorise (no result changes)
@@ -64,8 +65,8 @@ def library_path() -> Path:
     import torch
 
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(),
-                 _compiler().encode(), _cpu_flags().encode()):  # fmt: skip
+    for part in (*(s.read_bytes() for s in (*SOURCES, *HEADERS)), torch.__version__.encode(),
+                 " ".join(CFLAGS).encode(), _compiler().encode(), _cpu_flags().encode()):  # fmt: skip
         key.update(part)
         key.update(b"\0")
     root = Path(os.environ.get(ENV_DIR) or Path(sys.prefix) / "share" / "sgl_spec" / "native")
@@ -80,7 +81,7 @@ def _compile_command(out: Path) -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cmd = [_compiler(), *CFLAGS, "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     cmd += [f"-I{p}" for p in cpp_extension.include_paths()]
-    cmd += [f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(out)]
+    cmd += [f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-o", str(out)]
     # torch's own libgomp: one OpenMP runtime in the process (same soname, loaded first)
     cmd += [f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-lc10", "-ltorch_cpu"]
     return cmd
@@ -101,7 +102,9 @@ def build(path: Path | None = None) -> Path:
     try:
         proc = subprocess.run(_compile_command(Path(tmp)), capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed:\n{proc.stderr[-4000:]}")
+            raise RuntimeError(
+                f"compiling {', '.join(s.name for s in SOURCES)} failed:\n{proc.stderr[-4000:]}"
+            )
         os.replace(tmp, path)
         for stale in path.parent.glob(f"{NAMESPACE}_*.so"):  # earlier sources' builds
             if stale != path:

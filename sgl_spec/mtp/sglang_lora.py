@@ -31,6 +31,7 @@ import torch
 from sglang.srt.distributed.utils import get_group_rank_size
 from torch import nn
 
+from sgl_spec.cpu_kernels import native
 from sgl_spec.patches import cpu_packed_linear as cpu_linear
 
 # SGLang fused module -> the HF projections it concatenates, in output order.
@@ -82,15 +83,38 @@ class _Delta(nn.Module):
         # multiplied by the patch's own path (``patches/cpu_packed_linear.py``), whose kernel
         # beats ``torch.matmul`` at these rows; elsewhere ``packed_linear`` declines, a matmul
         self._factors = (SimpleNamespace(weight=self.a), SimpleNamespace(weight=self.b))
+        # and the whole gated delta in one native call where the library has it (a float32
+        # CPU forward without a partial sum to reduce): Bᵀ laid out for it once
+        self._fused: Callable | None = None
         if cpu_linear.kind() == "native" and cpu_linear.available("native"):
             for factor in self._factors:
                 cpu_linear.pack(factor, "native")
+            ops = native.ops()
+            if reduce is None and dtype == torch.float32 and hasattr(ops, "gated_lora_add"):
+                self._fused = ops.gated_lora_add
+                self.register_buffer("bt", self.b.detach().t().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
         low = self._matmul(x.to(self.a.dtype), 0)
         if self.reduce is not None:
             low = self.reduce(low)
         return self._matmul(low, 1)
+
+    def add_gated(self, x: torch.Tensor, out: torch.Tensor, width: int, first_gated: int) -> bool:
+        """``out``'s gated rows += their delta in one native call; False where it cannot run
+        (then the caller takes the PyTorch path)."""
+        if (
+            self._fused is None
+            or x.dim() != 2
+            or out.dim() != 2
+            or x.dtype != torch.float32
+            or out.dtype != torch.float32
+            or x.stride(1) != 1
+            or out.stride(1) != 1
+        ):
+            return False
+        self._fused(x, out, self.a, self.bt, width, first_gated)
+        return True
 
     def _matmul(self, x: torch.Tensor, which: int) -> torch.Tensor:
         """``x @ factor.T`` for factor ``a`` (0) or ``b`` (1)."""
@@ -134,10 +158,14 @@ class GatedLoRA:
         return t.view(-1, gate.width, t.shape[-1])[:, gate.first_gated :]
 
     def _add_delta(self, name: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        if not self._gate.active:
+        gate = self._gate
+        if not gate.active:
+            return out
+        delta_module = self.deltas[name]
+        if delta_module.add_gated(x, out, gate.width, gate.first_gated):
             return out
         gated_x = self._gated_view(x)
-        delta = self.deltas[name](gated_x.reshape(-1, x.shape[-1]))
+        delta = delta_module(gated_x.reshape(-1, x.shape[-1]))
         # In place: ``out`` is the base projection's fresh output; anchor rows are untouched.
         self._gated_view(out).add_(delta.view(gated_x.shape[0], gated_x.shape[1], -1).to(out.dtype))
         return out

@@ -35,8 +35,9 @@ from types import ModuleType
 import torch
 
 from sgl_spec.config import SpecConfig
+from sgl_spec.patches import cpu_packed_lm_head as lm_head
 
-TARGET = "sglang.srt.layers.quantization.unquant"
+TARGET = ("sglang.srt.layers.quantization.unquant", "sglang.srt.layers.logits_processor")
 ENV_SWITCH = "SGLSPEC_CPU_PACKED_LINEAR"
 KINDS = ("native", "mkl")
 _MKL_PACK_ROWS = 16  # row-count hint for MKL's packing; any row count can use the packed weight
@@ -174,24 +175,25 @@ def packed_linear(
 def _module() -> ModuleType:
     import importlib
 
-    return importlib.import_module(TARGET)
+    return importlib.import_module(TARGET[0])
 
 
 def check() -> None:
     """Raise if the pinned SGLang no longer has the shape this patch expects."""
     cls = getattr(_module(), "UnquantizedLinearMethod", None)
     if cls is None:
-        raise RuntimeError(f"{TARGET}.UnquantizedLinearMethod is gone")
+        raise RuntimeError(f"{TARGET[0]}.UnquantizedLinearMethod is gone")
     for name, expected in (
         ("process_weights_after_loading", ["self", "layer"]),
         ("apply", ["self", "layer", "x", "bias"]),
     ):
         method = getattr(cls, name, None)
         if method is None:
-            raise RuntimeError(f"{TARGET}.UnquantizedLinearMethod.{name} is gone")
+            raise RuntimeError(f"{TARGET[0]}.UnquantizedLinearMethod.{name} is gone")
         params = list(inspect.signature(getattr(method, "__wrapped__", method)).parameters)
         if params != expected:
-            raise RuntimeError(f"{TARGET}.UnquantizedLinearMethod.{name} params: {params}")
+            raise RuntimeError(f"{TARGET[0]}.UnquantizedLinearMethod.{name} params: {params}")
+    lm_head.check()
 
 
 def packing(original: Callable) -> Callable:
@@ -230,4 +232,5 @@ def apply() -> bool:
         cls.process_weights_after_loading = packing(cls.process_weights_after_loading)
     if not getattr(cls.apply, "_sgl_spec_packed_linear", False):
         cls.apply = applying(cls.apply)
+    lm_head.apply()
     return True

@@ -192,9 +192,9 @@ def test_switch_and_key(monkeypatch, tmp_path) -> None:
     assert native.ensure_built() is None
     monkeypatch.delenv(native.ENV_SWITCH)
     path = native.library_path()
-    edited = tmp_path / "ops.cpp"
-    edited.write_text(native.SOURCE.read_text() + "\n// edited\n")
-    monkeypatch.setattr(native, "SOURCE", edited)
+    edited = tmp_path / "linear.cpp"
+    edited.write_text(native.SOURCES[-1].read_text() + "\n// edited\n")
+    monkeypatch.setattr(native, "SOURCES", (*native.SOURCES[:-1], edited))
     assert native.library_path() != path
     monkeypatch.setenv(native.ENV_DIR, str(tmp_path / "builds"))
     assert native.library_path().parent == tmp_path / "builds"

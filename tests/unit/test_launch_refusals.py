@@ -396,3 +396,13 @@ def test_standalone_steps_default_to_the_controller_where_it_runs(models, monkey
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     tp = fill([*GOOD["STANDALONE_FULL"], "--tp-size", "2"], models)
     assert prepare_launch(tp)[0].standalone_steps == "auto"
+
+
+@pytest.mark.parametrize("spelling", [[ALG, "NONE"], [f"{ALG}=none"]])
+def test_speculative_algorithm_none_is_plain_decoding(spelling) -> None:
+    """SGLang's own ``NONE`` means no speculation: the launcher serves it as the flag absent
+    (SGLang 0.5.23 would keep the string and fail at start), also without a model path, where
+    the launcher's default algorithm must not take its place."""
+    for argv in ([*spelling, *CPU], ["--model-path", "sgl-spec/tiny-code", *spelling, *CPU]):
+        _, sglang_argv = prepare_launch(argv)
+        assert not any(arg.startswith(ALG) for arg in sglang_argv), sglang_argv

@@ -163,3 +163,43 @@ def test_lora_delta_through_the_packed_kernel_equals_matmul(monkeypatch, kernel)
         x = torch.randn(rows, 40, generator=gen)
         expected = torch.cat([(x @ a.t()) @ b.t() * 0.5 for a, b in factors], dim=1)
         torch.testing.assert_close(delta(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_gated_delta_touches_only_gated_rows(monkeypatch) -> None:
+    """The one-call native path adds, to the gated rows of every step block, the delta the
+    PyTorch path computes (float32 rounding) and leaves every anchor row bit for bit; a call
+    it cannot take (a bfloat16 output, a strided row) falls back to the PyTorch path."""
+    from sgl_spec.mtp.sglang_lora import GatedLoRA, _Delta
+    from sgl_spec.patches import cpu_packed_linear as cpu_linear
+
+    if not cpu_linear.available("native"):
+        pytest.skip("native CPU kernels not built on this host")
+    monkeypatch.setenv(cpu_linear.ENV_SWITCH, "native")
+    gen = torch.Generator().manual_seed(1)
+    factors = [(torch.randn(3, 40, generator=gen), torch.randn(out, 3, generator=gen))
+               for out in (24, 9)]  # fmt: skip
+    adapter = GatedLoRA(torch.zeros(2, 40), k_max=2)
+    adapter.deltas["m"] = delta = _Delta(factors, 0.5, torch.float32)
+    assert delta._fused is not None
+    width, first = 9, 3  # k = 2: 3 anchors, 6 masks per request
+    for requests in (1, 5):
+        x = torch.randn(requests * width, 40, generator=gen)
+        base = torch.randn(requests * width, 33, generator=gen)
+        with adapter.gates(width, first, torch.arange(width - first) % 2):
+            fused = adapter._add_delta("m", x, base.clone())
+            delta._fused = None  # the PyTorch path, for reference
+            expected = adapter._add_delta("m", x, base.clone())
+            delta._fused = torch.ops.sgl_spec_native.gated_lora_add
+        anchors = torch.zeros(requests, width, dtype=torch.bool)
+        anchors[:, :first] = True
+        anchors = anchors.reshape(-1)
+        assert torch.equal(fused[anchors], base[anchors])
+        torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
+        assert not torch.equal(fused[~anchors], base[~anchors])
+    strided = torch.randn(width, 80, generator=gen)[:, ::2]
+    assert not delta.add_gated(strided, torch.zeros(width, 33), width, first)
+    assert not delta.add_gated(
+        x[:width], torch.zeros(width, 33, dtype=torch.bfloat16), width, first
+    )
+    with pytest.raises(RuntimeError, match="blocks of width"):
+        delta.add_gated(x[:5], torch.zeros(5, 33), width, first)

@@ -417,3 +417,41 @@ def test_standalone_full_is_served_as_sglang_standalone_with_our_draft_worker() 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_cpu_packed_lm_head_takes_the_plain_float32_head_only(monkeypatch) -> None:
+    """The wrapped ``_compute_lm_head``: a plain float32 head is packed on first use and its
+    logits are row-invariant (a row's logits alone equal its logits among 5); a head upstream
+    treats otherwise (LoRA-wrapped, fp32 upcast, another dtype) keeps upstream's path."""
+    from types import SimpleNamespace
+
+    from sgl_spec.patches import cpu_packed_linear as patch
+    from sgl_spec.patches import cpu_packed_lm_head as lm_head
+
+    if not patch.available("native"):
+        pytest.skip("native CPU kernels not built here")
+    lm_head.check()
+    calls = []
+
+    def upstream(self, hidden, head, embedding_bias=None, *, out=None):
+        calls.append(head)
+        return hidden.to(head.weight.dtype) @ head.weight.T
+
+    compute = lm_head.computing(upstream)
+    processor = SimpleNamespace(use_fp32_lm_head=False, rl_on_policy_target=None)
+    head = torch.nn.Module()
+    head.weight = torch.nn.Parameter(torch.randn(300, 64), requires_grad=False)
+    hidden = torch.randn(5, 64)
+    monkeypatch.setenv(patch.ENV_SWITCH, "native")
+    logits = compute(processor, hidden, head)
+    assert calls == [] and head._sgl_spec_packed is not None
+    torch.testing.assert_close(logits, hidden @ head.weight.T)
+    alone = torch.cat([compute(processor, hidden[i : i + 1], head) for i in range(5)])
+    assert torch.equal(alone, logits)
+    compute(SimpleNamespace(use_fp32_lm_head=True, rl_on_policy_target=None), hidden, head)
+    assert calls == [head]
+    lora = torch.nn.Module()
+    lora.weight, lora.set_lora, lora.apply_lora = head.weight, None, None
+    compute(processor, hidden, lora)
+    compute(processor, hidden.double(), head)
+    assert calls == [head, lora, head]

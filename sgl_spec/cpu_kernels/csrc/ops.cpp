@@ -23,25 +23,16 @@
 #include <limits>
 #include <vector>
 
+#include "common.h"
+
 namespace {
 
-constexpr int kLanes = 16;
+using sgl_spec_kernels::check_f32;
+using sgl_spec_kernels::dot;
+using sgl_spec_kernels::kLanes;
+
 constexpr int64_t kChunk = 64;   // keys per attention task
 constexpr int64_t kTransposeMin = 4;  // query rows per KV head from which keys are transposed
-
-// Sum of a[i] * b[i] with kLanes independent partial sums (the compiler vectorises the lanes),
-// folded pairwise.
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[kLanes] = {0.f};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  float tail = 0.f;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  return acc[0] + tail;
-}
 
 inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
 
@@ -64,10 +55,6 @@ inline float exp_clamped(float x) {
   return p * std::bit_cast<float>((k + 127) << 23);
 }
 
-void check_f32(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat, "sgl_spec_native: ", name, " must be float32");
-  TORCH_CHECK(t.device().is_cpu(), "sgl_spec_native: ", name, " must be on CPU");
-}
 
 inline int64_t index_at(const at::Tensor& t, int64_t i) {
   return t.scalar_type() == at::kInt ? static_cast<int64_t>(t.data_ptr<int32_t>()[i])
@@ -573,139 +560,6 @@ void extend_attention(const at::Tensor& q_extend, const std::optional<at::Tensor
   paged_attention(P, reqs);
 }
 
-// ---- small-batch linear layers (packed float32 weights) ---------------------------------
-//
-// y = x Wᵀ (+ bias) for the few rows of decode, verify and draft passes. MKL's GEMM spends
-// 1.4-2.5x the 1-row time on 4-16 rows of a model's layers, where reading the weights once
-// should bound the cost. Weights are packed once into panels of kOutBlock output features
-// ([blocks, in, kOutBlock]); a task streams its panels from memory once and keeps a tile of
-// up to kMaxTileRows rows' partial sums in vector registers, so one tile costs about one pass
-// over the weights; further tiles pass over the same panels while they sit in L2. Each output is one float32 sum over the input features in order, with fused
-// multiply-adds, whatever the row count: a row's result does not depend on the other rows.
-
-// A panel is kOutBlock outputs, one vector register wide: a generic vector wider than the
-// hardware's is kept in memory by the compiler, every accumulation a load and a store.
-#if defined(__AVX512F__)
-constexpr int64_t kOutBlock = 16;
-constexpr int64_t kMaxTileRows = 16;  // 32 vector registers: rows x panels accumulators
-inline constexpr int panels_for(int rows) { return rows <= 4 ? 4 : 2; }
-#else
-constexpr int64_t kOutBlock = 8;  // AVX2: 16 registers of 8 floats
-constexpr int64_t kMaxTileRows = 6;  // 12 accumulators, 2 weight panels, the broadcast row value
-// more panels for fewer rows measured slower here (1-4 rows: 1.2-2.8x), so always two
-inline constexpr int panels_for(int) { return 2; }
-#endif
-typedef float vblock __attribute__((vector_size(kOutBlock * sizeof(float))));
-
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  check_f32(weight, "weight");
-  TORCH_CHECK(weight.dim() == 2, "sgl_spec_native: a linear weight is [out, in]");
-  const at::Tensor w = weight.contiguous();
-  const int64_t out = w.size(0), in = w.size(1), blocks = (out + kOutBlock - 1) / kOutBlock;
-  at::Tensor packed = at::zeros({blocks, in, kOutBlock}, w.options());
-  const float* wp = w.data_ptr<float>();
-  float* pp = packed.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b)
-      for (int64_t j = 0; j < std::min(kOutBlock, out - b * kOutBlock); ++j)
-        for (int64_t i = 0; i < in; ++i)
-          pp[(b * in + i) * kOutBlock + j] = wp[(b * kOutBlock + j) * in + i];
-  });
-  return packed;
-}
-
-// ROWS rows of x against panels first..first+count-1 (count <= PANELS).
-template <int ROWS, int PANELS>
-__attribute__((optimize("fp-contract=fast"))) void linear_tile(
-    const float* x, const float* packed, const float* bias, float* y, int64_t in, int64_t out,
-    int64_t first, int64_t count) {
-  vblock acc[ROWS][PANELS];
-  for (int r = 0; r < ROWS; ++r)
-    for (int b = 0; b < PANELS; ++b) acc[r][b] = vblock{};
-  const float* panel[PANELS];
-  for (int b = 0; b < PANELS; ++b)  // a missing panel re-reads the last one; never stored
-    panel[b] = packed + (first + std::min<int64_t>(b, count - 1)) * in * kOutBlock;
-  for (int64_t i = 0; i < in; ++i) {
-    vblock w[PANELS];
-    for (int b = 0; b < PANELS; ++b) __builtin_memcpy(&w[b], panel[b] + i * kOutBlock, sizeof(vblock));
-    for (int r = 0; r < ROWS; ++r) {
-      const float xi = x[r * in + i];
-      for (int b = 0; b < PANELS; ++b) acc[r][b] += xi * w[b];
-    }
-  }
-  for (int b = 0; b < count; ++b) {
-    const int64_t o0 = (first + b) * kOutBlock, n = std::min(kOutBlock, out - o0);
-    for (int r = 0; r < ROWS; ++r) {
-      float sums[kOutBlock];
-      __builtin_memcpy(sums, &acc[r][b], sizeof(vblock));
-      float* dst = y + r * out + o0;
-      if (bias != nullptr)
-        for (int64_t j = 0; j < n; ++j) dst[j] = sums[j] + bias[o0 + j];
-      else
-        std::copy_n(sums, n, dst);
-    }
-  }
-}
-
-// Rows r0.. of one tile (ROWS of them) against blocks first..first+count-1, PANELS at a time.
-template <int ROWS>
-void linear_tile_blocks(const float* x, const float* packed, const float* bias, float* y,
-                        int64_t in, int64_t out, int64_t first, int64_t count) {
-  constexpr int PANELS = panels_for(ROWS);
-  for (int64_t b = 0; b < count; b += PANELS)
-    linear_tile<ROWS, PANELS>(x, packed, bias, y, in, out, first + b,
-                              std::min<int64_t>(PANELS, count - b));
-}
-
-// output blocks per task (64 outputs): its panels stay in L2 while every row tile passes over them
-constexpr int64_t kTaskBlocks = 64 / kOutBlock;
-
-// x [rows, in] contiguous; packed from pack_linear_weight of an [out, in] weight.
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
-                         const std::optional<at::Tensor>& bias) {
-  check_f32(x, "x");
-  check_f32(packed, "packed weight");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(1) == x.size(1) && packed.size(2) == kOutBlock &&
-                  packed.size(0) == (out + kOutBlock - 1) / kOutBlock,
-              "sgl_spec_native: packed_linear shapes");
-  at::Tensor b;
-  if (bias.has_value()) {
-    b = bias->contiguous();
-    check_f32(b, "bias");
-    TORCH_CHECK(b.numel() == out, "sgl_spec_native: one bias per output feature");
-  }
-  const int64_t rows = x.size(0), in = x.size(1), blocks = packed.size(0);
-  at::Tensor y = at::empty({rows, out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* pp = packed.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  const int64_t tasks = (blocks + kTaskBlocks - 1) / kTaskBlocks;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t first = t * kTaskBlocks, count = std::min(kTaskBlocks, blocks - first);
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxTileRows) {
-        const float* xs = xp + r0 * in;
-        float* ys = yp + r0 * out;
-        switch (std::min(kMaxTileRows, rows - r0)) {
-#define SGL_SPEC_ROWS(R) \
-  case R: linear_tile_blocks<R>(xs, pp, bp, ys, in, out, first, count); break;
-          SGL_SPEC_ROWS(1) SGL_SPEC_ROWS(2) SGL_SPEC_ROWS(3) SGL_SPEC_ROWS(4) SGL_SPEC_ROWS(5)
-          SGL_SPEC_ROWS(6)
-#if defined(__AVX512F__)
-          SGL_SPEC_ROWS(7) SGL_SPEC_ROWS(8) SGL_SPEC_ROWS(9) SGL_SPEC_ROWS(10) SGL_SPEC_ROWS(11)
-          SGL_SPEC_ROWS(12) SGL_SPEC_ROWS(13) SGL_SPEC_ROWS(14) SGL_SPEC_ROWS(15) SGL_SPEC_ROWS(16)
-#endif
-#undef SGL_SPEC_ROWS
-          default: TORCH_CHECK(false, "sgl_spec_native: row tile");
-        }
-      }
-    }
-  });
-  return y;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(sgl_spec_native, m) {
@@ -730,7 +584,4 @@ TORCH_LIBRARY(sgl_spec_native, m) {
       " float key_scale, float value_scale, float logit_cap, int window, Tensor? sinks,"
       " Tensor? tree_mask, bool is_causal) -> ()",
       &extend_attention);
-  m.def("pack_linear_weight(Tensor weight) -> Tensor", &pack_linear_weight);
-  m.def("packed_linear(Tensor x, Tensor packed, int out, Tensor? bias) -> Tensor",
-        &packed_linear);
 }

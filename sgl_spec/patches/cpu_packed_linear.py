@@ -232,5 +232,5 @@ def apply() -> bool:
         cls.process_weights_after_loading = packing(cls.process_weights_after_loading)
     if not getattr(cls.apply, "_sgl_spec_packed_linear", False):
         cls.apply = applying(cls.apply)
-    lm_head.apply()
+    lm_head.apply(pack, packed_linear)
     return True

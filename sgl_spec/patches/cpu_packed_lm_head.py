@@ -71,18 +71,21 @@ def plain_head(processor: object, lm_head: torch.nn.Module, hidden: torch.Tensor
     )
 
 
-def computing(original: Callable) -> Callable:
-    """``_compute_lm_head`` through the packed head where upstream would use ``torch.matmul``."""
+def computing(
+    original: Callable,
+    pack: Callable[[torch.nn.Module], None],
+    packed_linear: Callable[..., torch.Tensor | None],
+) -> Callable:
+    """``_compute_lm_head`` through the packed head where upstream would use ``torch.matmul``;
+    ``pack`` and ``packed_linear`` are ``cpu_packed_linear``'s (passed in: it imports this)."""
 
     @functools.wraps(original)
     def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
         if plain_head(self, lm_head, hidden_states):
-            from sgl_spec.patches import cpu_packed_linear as linear
-
             if not hasattr(lm_head, "_sgl_spec_packed"):
                 lm_head._sgl_spec_packed = None  # not packable: asked once
-                linear.pack(lm_head)
-            logits = linear.packed_linear(lm_head, hidden_states, None)
+                pack(lm_head)
+            logits = packed_linear(lm_head, hidden_states, None)
             if logits is not None:
                 return logits
         return original(self, hidden_states, lm_head, embedding_bias, out=out)
@@ -91,9 +94,11 @@ def computing(original: Callable) -> Callable:
     return _compute_lm_head
 
 
-def apply() -> None:
+def apply(
+    pack: Callable[[torch.nn.Module], None], packed_linear: Callable[..., torch.Tensor | None]
+) -> None:
     """Wrap the method (idempotent); ``cpu_packed_linear.apply`` calls this once its kernel is
     known to be there."""
     cls = _module().LogitsProcessor
     if not getattr(cls._compute_lm_head, "_sgl_spec_packed_lm_head", False):
-        cls._compute_lm_head = computing(cls._compute_lm_head)
+        cls._compute_lm_head = computing(cls._compute_lm_head, pack, packed_linear)

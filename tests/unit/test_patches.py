@@ -437,7 +437,7 @@ def test_cpu_packed_lm_head_takes_the_plain_float32_head_only(monkeypatch) -> No
         calls.append(head)
         return hidden.to(head.weight.dtype) @ head.weight.T
 
-    compute = lm_head.computing(upstream)
+    compute = lm_head.computing(upstream, patch.pack, patch.packed_linear)
     processor = SimpleNamespace(use_fp32_lm_head=False, rl_on_policy_target=None)
     head = torch.nn.Module()
     head.weight = torch.nn.Parameter(torch.randn(300, 64), requires_grad=False)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sgl_spec.argv import flag_value, has_flag
+from sgl_spec.argv import drop_flags, flag_value, has_flag
 
 # Metrics read from ``sglang.bench_serving``'s output file, and the ones given as ratios.
 BENCH_METRICS = ("output_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms", "mean_tpot_ms")
@@ -233,18 +233,6 @@ SERVER_METRICS = tuple(k for keys in SERVER_METRIC_LINES.values() for k in keys.
 
 class BenchError(ValueError):
     """A bad command line, reported before any server starts."""
-
-
-def drop_flags(argv: list[str], prefix: str) -> list[str]:
-    """``argv`` without every flag starting with ``prefix`` and the values that follow it."""
-    out: list[str] = []
-    dropping = False
-    for arg in argv:
-        if arg.startswith("--"):
-            dropping = arg.startswith(prefix)
-        if not dropping:
-            out.append(arg)
-    return out
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -74,14 +74,14 @@ def prepare_launch(argv: list[str]) -> tuple[SpecConfig, list[str]]:
     shipped models filled in, ``check_launch``, then an algorithm served as one of SGLang's
     (``Algorithm.runs_as``) renamed to it and recorded in the config. Pure apart from reading
     the files named."""
-    from sgl_spec.argv import set_flag_value, without_flag
+    from sgl_spec.argv import drop_flags, set_flag_value
 
     config, sglang_argv = split_argv(argv)
     sglang_argv = prepare_model_args(sglang_argv)
     if LaunchArgs.from_argv(sglang_argv).algorithm == "NONE":
         # SGLang's own name for no speculation: served as if the flag were not given (SGLang
         # 0.5.23 would keep the string and fail sizing its speculative reservation)
-        sglang_argv = without_flag(sglang_argv, "--speculative-algorithm")
+        sglang_argv = drop_flags(sglang_argv, "--speculative-algorithm")
     launch = LaunchArgs.from_argv(sglang_argv)
     config = with_shipped_defaults(config, launch)
     check_launch(config, launch)

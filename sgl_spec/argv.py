@@ -45,16 +45,15 @@ def set_flag_value(argv: list[str], name: str, value: str) -> list[str]:
     return out
 
 
-def without_flag(argv: list[str], name: str) -> list[str]:
-    """``argv`` with every occurrence of ``name`` (``name value`` or ``name=value``) removed."""
+def drop_flags(argv: list[str], prefix: str) -> list[str]:
+    """``argv`` without every flag starting with ``prefix`` (``--flag v``, ``--flag=v``) and the
+    values that follow it."""
     out: list[str] = []
-    skip = False
+    dropping = False
     for arg in argv:
-        if skip:
-            skip = False
-        elif arg == name:
-            skip = True
-        elif not arg.startswith(name + "="):
+        if arg.startswith("--"):
+            dropping = arg.startswith(prefix)
+        if not dropping:
             out.append(arg)
     return out
 

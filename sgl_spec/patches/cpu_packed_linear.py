@@ -10,7 +10,7 @@ the weights once bounds those shapes (``benchmarks/RESULTS.md``). After SGLang's
 
 - ``native`` (the default where our native CPU library is built and the CPU has AVX-512, or
   AVX2 with FMA):
-  ``sgl_spec_native.packed_linear`` (``cpu_kernels/csrc/ops.cpp``) serves every call of 1 to
+  ``sgl_spec_native.packed_linear`` (``cpu_kernels/csrc/linear.cpp``) serves every call of 1 to
   ``native_max_rows()`` rows (decodes, verify and draft passes) in about one pass over the
   weights; more rows (prefill) keep ``F.linear``. Each output is one float32 sum in input
   order whatever the row count, so a verify row computes exactly what a decode of that row
@@ -22,6 +22,8 @@ the weights once bounds those shapes (``benchmarks/RESULTS.md``). After SGLang's
 ``0`` turns the patch off. The packed copy is held beside the weight (the weight stays the
 parameter SGLang and the algorithms read); a weight changed in place after loading (a weight
 update) is packed again before its next use. The patch stands aside under ``torch.compile``.
+Its second target, the float32 LM head (``LogitsProcessor._compute_lm_head``), is in
+``cpu_packed_lm_head.py``: checked and applied with this patch, on the same kernel.
 """
 
 from __future__ import annotations

@@ -152,7 +152,6 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   return y;
 }
 
-
 // ---- gated LoRA (MTP_LORA's mask rows) ---------------------------------------------------
 //
 // y[row] += (x[row] Aᵀ) Bᵀ on the gated rows of every block of `width` rows (rows first_gated..

@@ -38,7 +38,7 @@ class CoreFlags:
         "auto",
         "--sgl-spec-cpu-defaults",
         "On a host without CUDA, add SGLang's CPU settings (--device cpu, CPU engine,"
-        " intel_amx attention, overlap off) unless given: auto (default), on, off.",
+        " intel_amx attention, overlap off, sleep on idle) unless given: auto (default), on, off.",
         choices=CPU_FALLBACK_CHOICES,
     )
     cpu_lossless_sampling: bool = flag(

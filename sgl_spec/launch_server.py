@@ -52,7 +52,8 @@ def checkpoint_dtype(model_path: str | None) -> str | None:
 def apply_cpu_defaults(
     argv: list[str], environ: dict[str, str], config: SpecConfig | None = None
 ) -> list[str]:
-    """SGLang's CPU-engine settings, each only where the user did not choose otherwise.
+    """SGLang's CPU-engine settings, each only where the user did not choose otherwise
+    (``--sgl-spec-cpu-defaults off`` keeps SGLang's own, ``--sleep-on-idle`` off among them).
 
     A float32 checkpoint is served in float32: SGLang's ``--dtype auto`` would serve it in
     float16 (the GPU convention); on a CPU without native half-precision matrix units a
@@ -79,6 +80,11 @@ def apply_cpu_defaults(
         argv += ["--attention-backend", "intel_amx"]
     if not has_flag(argv, "--disable-overlap-schedule", "--enable-overlap-schedule"):
         argv += ["--disable-overlap-schedule"]
+    if not has_flag(argv, "--sleep-on-idle"):
+        # An idle scheduler otherwise loops without blocking and holds a whole core, which on
+        # a CPU host is compute the other servers and processes lose; it blocks on its input
+        # sockets instead and wakes the moment a request arrives.
+        argv += ["--sleep-on-idle"]
     sizing = size_cpu_kv_pool(argv, total_ram_bytes())
     if sizing is not None:
         argv += ["--max-total-tokens", str(sizing.max_total_tokens)]

@@ -67,10 +67,17 @@ def test_cpu_defaults_respect_user_choices() -> None:
     assert argv[argv.index("--device") + 1] == "cpu"
     assert argv[argv.index("--attention-backend") + 1] == "intel_amx"
     assert "--disable-overlap-schedule" in argv
+    assert argv.count("--sleep-on-idle") == 1
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"
-    user = ["--device=cpu", "--attention-backend", "torch_native", "--enable-overlap-schedule"]
+    user = [
+        "--device=cpu",
+        "--attention-backend",
+        "torch_native",
+        "--enable-overlap-schedule",
+        "--sleep-on-idle",
+    ]
     user_env = {
         "SGLANG_USE_CPU_ENGINE": "0",
         "MALLOC_MMAP_THRESHOLD_": "65536",

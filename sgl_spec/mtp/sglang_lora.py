@@ -93,6 +93,8 @@ class _Delta(nn.Module):
             if reduce is None and dtype == torch.float32 and hasattr(ops, "gated_lora_add"):
                 self._fused = ops.gated_lora_add
                 self.register_buffer("bt", self.b.detach().t().contiguous(), persistent=False)
+                # the output columns each rank row of the block-diagonal B reaches
+                self.register_buffer("spans", _block_spans(factors), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [n, in] -> [n, sum(out)]
         low = self._matmul(x.to(self.a.dtype), 0)
@@ -113,7 +115,7 @@ class _Delta(nn.Module):
             or out.stride(1) != 1
         ):
             return False
-        self._fused(x, out, self.a, self.bt, width, first_gated)
+        self._fused(x, out, self.a, self.bt, self.spans, width, first_gated)
         return True
 
     def _matmul(self, x: torch.Tensor, which: int) -> torch.Tensor:
@@ -121,6 +123,16 @@ class _Delta(nn.Module):
         factor = self._factors[which]
         out = cpu_linear.packed_linear(factor, x, None)
         return x @ factor.weight.t() if out is None else out
+
+
+def _block_spans(factors: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """[sum(rank), 2] int64: for each row of the stacked ``A``, the range of the concatenated
+    outputs its part's ``B`` writes (the non-zero columns of that row of ``Bᵀ``)."""
+    spans, start = [], 0
+    for a, b in factors:
+        spans += [(start, start + b.shape[0])] * a.shape[0]
+        start += b.shape[0]
+    return torch.tensor(spans, dtype=torch.int64).reshape(-1, 2)
 
 
 class GatedLoRA:

@@ -156,11 +156,14 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 //
 // y[row] += (x[row] Aᵀ) Bᵀ on the gated rows of every block of `width` rows (rows first_gated..
 // width - 1 of each block, sgl_spec/mtp/sglang_lora.py), in one call: a [R, in] stacks the
-// fused parts' down projections, bt [R, out] is Bᵀ with the scaling folded in. Rows outside
-// the gate are never read or written. The delta of a row is summed whole, then added, as the
-// PyTorch path does.
+// fused parts' down projections, bt [R, out] is Bᵀ with the scaling folded in. B is block
+// diagonal (each part's rank rows reach only that part's outputs): spans [R, 2] gives the
+// output range [lo, hi) row j of bt may be non-zero in, and only that range is multiplied.
+// Rows outside the gate are never read or written. A thread takes its rows together, so each
+// row of A and of bt is read once per thread, not once per gated row. The delta of a row is
+// summed whole, then added, as the PyTorch path does.
 void gated_lora_add(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, const at::Tensor& bt,
-                    int64_t width, int64_t first_gated) {
+                    const at::Tensor& spans, int64_t width, int64_t first_gated) {
   for (const at::Tensor* t : {&x, static_cast<const at::Tensor*>(&y), &a, &bt})
     check_f32(*t, "gated LoRA tensor");
   TORCH_CHECK(x.dim() == 2 && y.dim() == 2 && x.size(0) == y.size(0) && x.stride(1) == 1 &&
@@ -175,25 +178,42 @@ void gated_lora_add(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, con
               "blocks of width");
   const int64_t gated = width - first_gated, count = x.size(0) / width * gated;
   const int64_t rank = a.size(0), in = a.size(1), out = bt.size(1);
+  TORCH_CHECK(spans.scalar_type() == at::kLong && spans.is_contiguous() && spans.dim() == 2 &&
+                  spans.size(0) == rank && spans.size(1) == 2,
+              "sgl_spec_native: gated_lora_add spans are int64 [R, 2]");
+  const int64_t* sp = spans.data_ptr<int64_t>();
+  for (int64_t j = 0; j < rank; ++j)
+    TORCH_CHECK(0 <= sp[2 * j] && sp[2 * j] <= sp[2 * j + 1] && sp[2 * j + 1] <= out,
+                "sgl_spec_native: gated_lora_add span out of range");
   const int64_t xs = x.stride(0), ys = y.stride(0);
   const float* xp = x.data_ptr<float>();
   const float* ap = a.data_ptr<float>();
   const float* bp = bt.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, count, 4, [&](int64_t lo, int64_t hi) {
-    std::vector<float> low(rank), delta(out);
-    for (int64_t m = lo; m < hi; ++m) {
-      const int64_t row = m / gated * width + first_gated + m % gated;
-      const float* xr = xp + row * xs;
-      for (int64_t j = 0; j < rank; ++j) low[j] = dot(ap + j * in, xr, in);
-      std::fill(delta.begin(), delta.end(), 0.f);
-      for (int64_t j = 0; j < rank; ++j) {
-        const float lj = low[j];
-        const float* b = bp + j * out;
-        for (int64_t o = 0; o < out; ++o) delta[o] += lj * b[o];
+    const int64_t n = hi - lo;
+    std::vector<const float*> xr(n);
+    std::vector<float*> yr(n);
+    for (int64_t m = 0; m < n; ++m) {
+      const int64_t row = (lo + m) / gated * width + first_gated + (lo + m) % gated;
+      xr[m] = xp + row * xs;
+      yr[m] = yp + row * ys;
+    }
+    std::vector<float> low(n * rank), delta(n * out, 0.f);
+    for (int64_t j = 0; j < rank; ++j)
+      for (int64_t m = 0; m < n; ++m) low[m * rank + j] = dot(ap + j * in, xr[m], in);
+    for (int64_t j = 0; j < rank; ++j) {
+      const float* b = bp + j * out;
+      const int64_t o0 = sp[2 * j], o1 = sp[2 * j + 1];
+      for (int64_t m = 0; m < n; ++m) {
+        const float lj = low[m * rank + j];
+        float* d = delta.data() + m * out;
+        for (int64_t o = o0; o < o1; ++o) d[o] += lj * b[o];
       }
-      float* yr = yp + row * ys;
-      for (int64_t o = 0; o < out; ++o) yr[o] += delta[o];
+    }
+    for (int64_t m = 0; m < n; ++m) {
+      const float* d = delta.data() + m * out;
+      for (int64_t o = 0; o < out; ++o) yr[m][o] += d[o];
     }
   });
 }
@@ -205,7 +225,7 @@ TORCH_LIBRARY_FRAGMENT(sgl_spec_native, m) {
   m.def("packed_linear(Tensor x, Tensor packed, int out, Tensor? bias) -> Tensor",
         &packed_linear);
   m.def(
-      "gated_lora_add(Tensor x, Tensor(a!) y, Tensor a, Tensor bt, int width, int first_gated)"
-      " -> ()",
+      "gated_lora_add(Tensor x, Tensor(a!) y, Tensor a, Tensor bt, Tensor spans, int width,"
+      " int first_gated) -> ()",
       &gated_lora_add);
 }

@@ -1,4 +1,4 @@
-"""Native float32 CPU kernels (``csrc/ops.cpp``, ``csrc/linear.cpp``), built on this host with the system C++ compiler.
+"""Native float32 CPU kernels (``csrc/ops.cpp``, ``attention.cpp``, ``linear.cpp``), built on this host with the system C++ compiler.
 
 The PyTorch ops in ``layers.py`` and ``attention.py`` call these for the float32 cases they
 cover (RMSNorm, fused add + RMSNorm, neox RoPE, KV row stores, paged decode and short extend
@@ -26,7 +26,9 @@ from pathlib import Path
 
 ENV_SWITCH = "SGLSPEC_CPU_NATIVE"
 ENV_DIR = "SGLSPEC_NATIVE_DIR"
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("ops.cpp", "linear.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name("csrc") / name for name in ("ops.cpp", "attention.cpp", "linear.cpp")
+)
 HEADERS = (Path(__file__).with_name("csrc") / "common.h",)
 NAMESPACE = "sgl_spec_native"
 # -ffp-contract=off: no fused multiply-adds, so element-wise kernels round as PyTorch's do;

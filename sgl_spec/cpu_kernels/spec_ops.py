@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from sgl_spec.cpu_kernels import tree_ops
+from sgl_spec.cpu_kernels import native, tree_ops
 from sgl_spec.cpu_kernels.opdef import OpDef
 
 
@@ -49,7 +49,16 @@ def assign_req_to_token_pool(
     out_cache_loc: torch.Tensor,  # [sum(end - start)] int64, packed per request
     pool_len: int,
 ) -> None:
-    """``req_to_token[req_pool_indices[i], start[i]:end[i]] = out_cache_loc[packed segment i]``."""
+    """``req_to_token[req_pool_indices[i], start[i]:end[i]] = out_cache_loc[packed segment i]``.
+
+    The native kernel serves a contiguous table where built (one call in place of a dozen
+    ATen ops on every speculative step)."""
+    ops = native.ops()
+    if ops is not None and req_to_token.is_contiguous():
+        ops.assign_req_to_token_pool(
+            req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+        )
+        return
     offsets = _table_offsets(req_pool_indices, start_offset, end_offset, pool_len)
     values = out_cache_loc.reshape(-1)[: offsets.numel()]
     req_to_token.view(-1)[offsets] = values.to(req_to_token.dtype)

@@ -36,6 +36,7 @@ PATCHES = (
     "worker_kv_budget",
     "spec_internals",
     "cpu_tensor_parallel",
+    "cpu_attention_store",
 )
 
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace sgl_spec_kernels {
@@ -26,6 +27,30 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float tail = 0.f;
   for (; i < n; ++i) tail += a[i] * b[i];
   return acc[0] + tail;
+}
+
+// Element ``i`` of a contiguous int32 or int64 index tensor.
+inline int64_t index_at(const at::Tensor& t, int64_t i) {
+  return t.scalar_type() == at::kInt ? static_cast<int64_t>(t.data_ptr<int32_t>()[i])
+                                     : t.data_ptr<int64_t>()[i];
+}
+
+// cache[loc[t]] = src[t] for each row t of ``src`` ([rows, heads, dim], unit inner stride;
+// ``cache`` [pool, heads, dim]): the new K/V of a decode, the KV stores of a forward.
+inline void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc) {
+  const int64_t rows = src.size(0), heads = src.size(1), dim = src.size(2);
+  TORCH_CHECK(loc.numel() >= rows && loc.is_contiguous() &&
+                  (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
+              "sgl_spec_native: one contiguous int32/int64 KV row index per new token");
+  const float* sp = src.data_ptr<float>();
+  float* cp = cache.data_ptr<float>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t row = index_at(loc, t);
+    TORCH_CHECK(row >= 0 && row < cache.size(0), "sgl_spec_native: KV row out of range");
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(sp + t * src.stride(0) + h * src.stride(1), dim,
+                  cp + row * cache.stride(0) + h * cache.stride(1));
+  }
 }
 
 }  // namespace sgl_spec_kernels

@@ -1,9 +1,10 @@
-"""Native float32 CPU kernels (``csrc/ops.cpp``, ``attention.cpp``, ``linear.cpp``), built on this host with the system C++ compiler.
+"""Native float32 CPU kernels (``csrc/ops.cpp``, ``attention.cpp``, ``linear.cpp``), built on
+this host with the system C++ compiler.
 
-The PyTorch ops in ``layers.py`` and ``attention.py`` call these for the float32 cases they
-cover (RMSNorm, fused add + RMSNorm, neox RoPE, KV row stores, paged decode and short extend
-attention) and keep their PyTorch path for everything else, and wherever the library is
-missing.
+The PyTorch ops in ``layers.py``, ``attention.py`` and ``spec_ops.py`` call these for the cases
+they cover (RMSNorm, fused add + RMSNorm, SiLU-and-mul, neox RoPE, KV row stores, paged decode
+and short extend attention, the KV slot table update) and keep their PyTorch path for
+everything else, and wherever the library is missing.
 
 The library is compiled for this CPU (``-march=native``) against this venv's torch, into
 ``<venv>/share/sgl_spec/native/`` (or ``$SGLSPEC_NATIVE_DIR``), under a name keyed by the

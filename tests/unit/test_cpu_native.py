@@ -214,3 +214,22 @@ def test_store_cache_writes_strided_rows(ops) -> None:
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
     with pytest.raises(RuntimeError, match="KV row out of range"):
         ops.store_rows(k, caches[0], torch.tensor([1, 2, 3, 4, 32]))
+
+
+def test_silu_and_mul_rows_do_not_depend_on_each_other(ops) -> None:
+    """Each row alone equals the same row inside a batch, bit for bit (a decode row and a
+    verify row), and agrees with PyTorch's SiLU to float32 rounding; strided and 3-D inputs
+    as SGLang passes them; other dtypes take the PyTorch path."""
+    gen = torch.Generator().manual_seed(9)
+    wide = torch.randn(9, 2 * 40 + 6, generator=gen) * 6
+    x = wide[:, 3:83]  # rows with a stride, unit inner stride
+    out = layers.silu_and_mul(x)
+    for i in range(9):
+        assert torch.equal(layers.silu_and_mul(x[i : i + 1]), out[i : i + 1])
+    want = torch.nn.functional.silu(x[:, :40]) * x[:, 40:]
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-7)
+    assert torch.equal(layers.silu_and_mul(x.reshape(3, 3, 80)), out.reshape(3, 3, 40))
+    half = x.to(torch.bfloat16)
+    assert layers.silu_and_mul(half).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.silu_and_mul(half)

@@ -25,30 +25,60 @@ namespace {
 
 using sgl_spec_kernels::check_f32;
 using sgl_spec_kernels::dot;
+using sgl_spec_kernels::exp_clamped;
 using sgl_spec_kernels::write_rows;
 
 constexpr int64_t kChunk = 64;   // keys per attention task
 constexpr int64_t kTransposeMin = 4;  // query rows per KV head from which keys are transposed
 
-// exp(x) in plain float arithmetic the compiler vectorises (with -fno-trapping-math): x
-// clamped to [-87, 88], a Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial;
-// within a few ulp of expf where the result is a normal float.
-inline float exp_clamped(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  // round(x / ln 2): the shifted value is positive, so truncation is floor
-  const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;
-  const float n = static_cast<float>(k);
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = (p * (r * r) + r) + 1.0f;
-  return p * std::bit_cast<float>((k + 127) << 23);
+
+
+// Outputs held in vector registers across a loop: kBlock floats as kVecs vectors of 8, enough
+// independent sums to keep the adders busy, few enough not to spill (AVX2: 16 registers).
+typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
+constexpr int64_t kVecs = 4;
+constexpr int64_t kBlock = 8 * kVecs;
+static_assert(kChunk % kBlock == 0);
+
+inline vec8 load8(const float* p) {
+  vec8 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
 }
 
+inline void store8(float* p, vec8 v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+// sc[j] = sum over d, in order, of q[d] * kt[d * kChunk + j], for j < kBlock: one query's dot
+// products with kBlock keys of a transposed chunk.
+inline void transposed_scores(const float* q, const float* kt, int64_t dim, float* sc) {
+  vec8 s[kVecs] = {};
+  for (int64_t d = 0; d < dim; ++d) {
+    const vec8 qd = vec8{} + q[d];
+    const float* kd = kt + d * kChunk;
+    for (int64_t u = 0; u < kVecs; ++u) s[u] += qd * load8(kd + 8 * u);
+  }
+  for (int64_t u = 0; u < kVecs; ++u) store8(sc + 8 * u, s[u]);
+}
+
+// a[d] = sum over j < nk, in order, of p[j] * rows[j][d]: a softmax chunk's weighted values.
+inline void weighted_sum(const float* p, const float* const* rows, int64_t nk, float* a,
+                         int64_t vdim) {
+  int64_t d0 = 0;
+  for (; d0 + kBlock <= vdim; d0 += kBlock) {
+    vec8 t[kVecs] = {};
+    for (int64_t j = 0; j < nk; ++j) {
+      const vec8 pj = vec8{} + p[j];
+      const float* v = rows[j] + d0;
+      for (int64_t u = 0; u < kVecs; ++u) t[u] += pj * load8(v + 8 * u);
+    }
+    for (int64_t u = 0; u < kVecs; ++u) store8(a + d0 + 8 * u, t[u]);
+  }
+  for (; d0 < vdim; ++d0) {
+    float t = 0.f;
+    for (int64_t j = 0; j < nk; ++j) t += p[j] * rows[j][d0];
+    a[d0] = t;
+  }
+}
 
 enum class Visible { kCausal, kAll, kTree };
 
@@ -113,6 +143,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
   at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
     const float* krows[kChunk];
     const float* vrows[kChunk];
+    const float* vhead[kChunk];
     bool ext_key[kChunk];
     std::vector<float> scores, kt;
     std::vector<float> vis;  // 1 where the (query, key) pair is visible, else 0
@@ -174,11 +205,8 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
             float sc[kChunk] = {0.f};
             const float* q = qrow + h * P.qs1;
             if (transpose) {
-              for (int64_t d = 0; d < P.dim; ++d) {
-                const float qd = q[d];
-                const float* kd = kt.data() + d * kChunk;
-                for (int64_t j = 0; j < kChunk; ++j) sc[j] += qd * kd[j];
-              }
+              for (int64_t j0 = 0; j0 < nk; j0 += kBlock)
+                transposed_scores(q, kt.data() + j0, P.dim, sc + j0);
             } else {
               for (int64_t j = 0; j < nk; ++j)
                 sc[j] = dot(q, krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1), P.dim);
@@ -197,6 +225,11 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
       }
       for (int64_t i = 0; i < r.n; ++i) {
         for (int64_t h = 0; h < H; ++h) {
+          const int64_t hk = h / P.group;
+          if (h % P.group == 0) {  // this KV head's value rows (the same for every query)
+            for (int64_t j = 0; j < nk; ++j)
+              vhead[j] = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
+          }
           float* p = scores.data() + (i * H + h) * kChunk;
           const float m = mx[i * H + h];
           const float* vrow = vis.data() + i * kChunk;
@@ -206,14 +239,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
           float sum = 0.f;
           for (int64_t j = 0; j < nk; ++j) sum += p[j];
           den[i * H + h] = sum;
-          float* a = acc + (i * H + h) * P.vdim;
-          const int64_t hk = h / P.group;
-          std::fill(a, a + P.vdim, 0.f);
-          for (int64_t j = 0; j < nk; ++j) {
-            const float pj = p[j];
-            const float* v = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
-            for (int64_t d = 0; d < P.vdim; ++d) a[d] += pj * v[d];
-          }
+          weighted_sum(p, vhead, nk, acc + (i * H + h) * P.vdim, P.vdim);
         }
       }
     }

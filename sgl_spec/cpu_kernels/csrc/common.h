@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace sgl_spec_kernels {
@@ -27,6 +28,25 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float tail = 0.f;
   for (; i < n; ++i) tail += a[i] * b[i];
   return acc[0] + tail;
+}
+
+// exp(x) in plain float arithmetic the compiler vectorises (with -fno-trapping-math): x
+// clamped to [-87, 88], a Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial;
+// within a few ulp of expf where the result is a normal float.
+inline float exp_clamped(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // round(x / ln 2): the shifted value is positive, so truncation is floor
+  const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;
+  const float n = static_cast<float>(k);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * (r * r) + r) + 1.0f;
+  return p * std::bit_cast<float>((k + 127) << 23);
 }
 
 // Element ``i`` of a contiguous int32 or int64 index tensor.

@@ -2,10 +2,11 @@
 //
 // At decode sizes (one to a few rows of 512-4096 floats) a served forward spends more time in
 // per-op overhead than in arithmetic: PyTorch's RMSNorm is five ATen calls, RoPE four per
-// tensor, a speculative step's KV slot table update a dozen. These kernels do each of those
-// in one call (paged attention is in attention.cpp, linear layers in linear.cpp). They are
-// registered under torch.ops.sgl_spec_native; the Python ops (layers.py, kvcache.py,
-// spec_ops.py) call them for the cases they cover and keep their PyTorch path for the rest.
+// tensor, SiLU-and-mul four, a speculative step's KV slot table update a dozen. These kernels
+// do each of those in one call (paged attention is in attention.cpp, linear layers in
+// linear.cpp). They are registered under torch.ops.sgl_spec_native; the Python ops
+// (layers.py, kvcache.py, spec_ops.py) call them for the cases they cover and keep their
+// PyTorch path for the rest.
 //
 // Numerics: float32 throughout, one row at a time in the same order whatever the batch, so a
 // row's result does not depend on what else shares the call. Built with -ffp-contract=off:
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <vector>
 
 #include "common.h"
 
@@ -27,6 +29,7 @@ namespace {
 
 using sgl_spec_kernels::check_f32;
 using sgl_spec_kernels::dot;
+using sgl_spec_kernels::exp_clamped;
 using sgl_spec_kernels::write_rows;
 
 inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
@@ -151,6 +154,32 @@ std::tuple<at::Tensor, at::Tensor> rope_neox(const at::Tensor& positions, const 
           rope_one(key, pp, cache, cs, tokens, head_size)};
 }
 
+// ---- SiLU and multiply (the gated MLP's activation) ---------------------------------------
+
+// out[t] = silu(x[t, :d]) * x[t, d:] for rows t of ``x`` [tokens, 2d] (unit inner stride),
+// silu(g) = g / (1 + exp(-g)); element by element, so a row does not depend on the others.
+at::Tensor silu_and_mul(const at::Tensor& input) {
+  check_f32(input, "input");
+  TORCH_CHECK(input.dim() >= 1 && input.stride(-1) == 1 && input.size(-1) % 2 == 0,
+              "sgl_spec_native: silu_and_mul takes [..., 2d] with unit inner stride");
+  const at::Tensor x = input.dim() == 2 ? input : input.reshape({-1, input.size(-1)});
+  const int64_t rows = x.size(0), d = x.size(1) / 2, stride = x.stride(0);
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+  shape.back() = d;
+  at::Tensor out = at::empty(shape, input.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* g = xp + t * stride;
+      const float* u = g + d;
+      float* o = op + t * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+    }
+  });
+  return out;
+}
+
 // ---- speculative bookkeeping ----------------------------------------------------------------
 
 // req_to_token[req_pool_indices[i], start[i]:end[i]] = out_cache_loc[packed segment i]: the KV
@@ -199,6 +228,7 @@ TORCH_LIBRARY(sgl_spec_native, m) {
       "rope_neox(Tensor positions, Tensor query, Tensor key, int head_size,"
       " Tensor cos_sin_cache) -> (Tensor, Tensor)",
       &rope_neox);
+  m.def("silu_and_mul(Tensor input) -> Tensor", &silu_and_mul);
   m.def(
       "assign_req_to_token_pool(Tensor req_pool_indices, Tensor(a!) req_to_token,"
       " Tensor start_offset, Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()",

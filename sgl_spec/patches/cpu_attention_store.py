@@ -30,11 +30,13 @@ from types import ModuleType
 import torch
 
 from sgl_spec.config import SpecConfig
+from sgl_spec.cpu_kernels import attention_native, native
 
 TARGET = "sglang.srt.layers.attention.intel_amx_backend"
 ENV_SWITCH = "SGLSPEC_CPU_ATTN_STORE"
 _PARAMS = ["self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache", "sinks"]
-_MARK = "_sgl_spec_attention_store"
+_MARK = "_sgl_spec_attention_store"  # on the wrapper: installed
+_PLAIN = "_sgl_spec_plain_pool"  # on a backend: its pool is plain (fixed for its life)
 
 
 def enabled(config: SpecConfig) -> bool:
@@ -80,13 +82,11 @@ def plain_pool(pool: object) -> bool:
     )
 
 
-def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, sinks) -> bool:
-    from sgl_spec.cpu_kernels import attention_native
-
-    plain = backend.__dict__.get(_MARK)
-    if plain is None:  # the pool and the backend's layout are fixed for its life
+def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, encoder_only) -> bool:
+    plain = backend.__dict__.get(_PLAIN)
+    if plain is None:
         plain = plain_pool(backend.token_to_kv_pool) and not backend.use_sliding_window_kv_pool
-        backend.__dict__[_MARK] = plain
+        backend.__dict__[_PLAIN] = plain
     return (
         plain
         and save_kv_cache
@@ -95,31 +95,29 @@ def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, sinks) ->
         and forward_batch.out_cache_loc is not None
         and backend.extend_metadata is not None
         and not layer.is_cross_attention
-        and layer.attn_type != _module().AttentionType.ENCODER_ONLY
+        and layer.attn_type != encoder_only
         and layer.qk_head_dim == layer.v_head_dim
         and q.shape[0] <= attention_native.NATIVE_MAX_EXTEND_TOKENS
         and q.dtype == k.dtype == v.dtype == torch.float32
         and k.dim() == v.dim() == 3
         and k.stride(2) == v.stride(2) == 1
+        # the kernels take no tree mask with a sliding window (nor does the PyTorch path)
+        and (backend.extend_metadata[3] is None or layer.sliding_window_size < 0)
     )
 
 
 def storing(original: Callable) -> Callable:
     """``forward_extend`` through ``store_extend_attention`` in the plain case."""
+    encoder_only = _module().AttentionType.ENCODER_ONLY
 
     @functools.wraps(original)
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None):
-        from sgl_spec.cpu_kernels import native
-
         ops = native.ops()
         if ops is None or not _plain_call(
-            self, q, k, v, layer, forward_batch, save_kv_cache, sinks
+            self, q, k, v, layer, forward_batch, save_kv_cache, encoder_only
         ):
             return original(self, q, k, v, layer, forward_batch, save_kv_cache, sinks)
         seq_lens, extend_seq_lens, extend_start_loc, tree_mask = self.extend_metadata
-        window = layer.sliding_window_size + 1
-        if tree_mask is not None and window > 0:
-            return original(self, q, k, v, layer, forward_batch, save_kv_cache, sinks)
         pool = self.token_to_kv_pool
         o = torch.empty_like(q)
         ops.store_extend_attention(
@@ -129,7 +127,7 @@ def storing(original: Callable) -> Callable:
             forward_batch.out_cache_loc, self.req_to_token_pool.req_to_token,
             forward_batch.req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc,
             layer.scaling, layer.k_scale_float or 1.0, layer.v_scale_float or 1.0,
-            layer.logit_cap, window, sinks, tree_mask, True,
+            layer.logit_cap, layer.sliding_window_size + 1, sinks, tree_mask, True,
         )  # fmt: skip
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
@@ -140,8 +138,6 @@ def storing(original: Callable) -> Callable:
 def apply() -> bool:
     """Wrap ``forward_extend``; idempotent. False (nothing changed) without the native op."""
     check()
-    from sgl_spec.cpu_kernels import native
-
     ops = native.ops()
     if ops is None or not hasattr(ops, "store_extend_attention"):
         return False

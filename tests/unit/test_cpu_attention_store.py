@@ -124,11 +124,13 @@ def test_calls_outside_the_plain_case_take_sglangs_method(ops) -> None:
     assert patched(backend, long_q, long_k, long_v, _layer(), long_batch) == "sglang"  # 18 rows
     cross = SimpleNamespace(**{**vars(_layer()), "is_cross_attention": True})
     assert patched(backend, q, k, v, cross, batch) == "sglang"
+    windowed = SimpleNamespace(**{**vars(_layer()), "sliding_window_size": 8})
+    assert patched(backend, q, k, v, windowed, batch) == "sglang"  # a tree mask and a window
     half = _backend(torch.bfloat16)  # a pool set_kv_buffer would convert into
     q2, k2, v2, batch2 = _verify_batch(half, tree=True)
     assert patched(half, q2, k2, v2, _layer(), batch2) == "sglang"
-    assert len(calls) == 4
-    assert patched(backend, q, k, v, _layer(), batch) is not None and len(calls) == 4
+    assert len(calls) == 5
+    assert patched(backend, q, k, v, _layer(), batch) is not None and len(calls) == 5
 
 
 def test_store_extend_attention_rejects_rows_outside_the_pool(ops) -> None:

@@ -31,8 +31,6 @@ using sgl_spec_kernels::write_rows;
 constexpr int64_t kChunk = 64;   // keys per attention task
 constexpr int64_t kTransposeMin = 4;  // query rows per KV head from which keys are transposed
 
-
-
 // Outputs held in vector registers across a loop: kBlock floats as kVecs vectors of 8, enough
 // independent sums to keep the adders busy, few enough not to spill (AVX2: 16 registers).
 typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));

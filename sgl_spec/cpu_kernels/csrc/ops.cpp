@@ -11,8 +11,8 @@
 // Numerics: float32 throughout, one row at a time in the same order whatever the batch, so a
 // row's result does not depend on what else shares the call. Built with -ffp-contract=off:
 // the element-wise kernels (RoPE, the residual add) then round exactly as the PyTorch ops do;
-// RMSNorm's mean square sums in a different order than ATen's and agrees with it to float32
-// rounding.
+// RMSNorm's mean square sums in a different order than ATen's, and SiLU's exp is our own
+// polynomial (exp_clamped), so those two agree with ATen to float32 rounding.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>

@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import code_prompts
+from code_prompts import PROMPT_SETS
+
 from sgl_spec.argv import drop_flags, flag_value, has_flag
 
 # Metrics read from ``sglang.bench_serving``'s output file, and the ones given as ratios.
@@ -272,6 +275,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument(
+        "--prompts",
+        choices=PROMPT_SETS,
+        default="random-ids",
+        help="random-ids: bench_serving's random-token prompts; code: windows of held-out "
+        "Python source no shipped model was trained on (benchmarks/code_prompts.py), for the "
+        "servers, the greedy check and the transformers peers alike",
+    )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--port-base", type=int, default=31000)
     parser.add_argument(
@@ -571,7 +582,8 @@ def bench_serving_argv(
     port: int, args: argparse.Namespace, model: str | None, output_file: Path
 ) -> list[str]:
     """``sglang.bench_serving`` on the offline ``random-ids`` dataset (``random`` downloads
-    ShareGPT), fixed lengths (range ratio 1.0) and seed, so every algorithm gets the same load."""
+    ShareGPT), fixed lengths (range ratio 1.0) and seed, so every algorithm gets the same load;
+    with ``args.dataset_path`` (``--prompts code``) on that ``custom`` file instead."""
     options = {
         "--port": port,
         "--random-input-len": args.input_len,
@@ -583,7 +595,12 @@ def bench_serving_argv(
     if model is not None:
         options["--tokenizer"] = model
     pairs = [str(item) for option in options.items() for item in option]
-    return [sys.executable, "-m", "sglang.bench_serving", *BENCH_SERVING_FIXED, *pairs]
+    fixed = list(BENCH_SERVING_FIXED)
+    dataset = getattr(args, "dataset_path", None)
+    if dataset is not None:  # --prompts code: the file main() wrote
+        fixed[fixed.index("--dataset-name") : fixed.index("--dataset-name") + 2] = []
+        pairs += code_prompts.bench_serving_dataset(dataset, args.output_len)
+    return [sys.executable, "-m", "sglang.bench_serving", *fixed, *pairs]
 
 
 def parse_bench_result(jsonl: str, num_prompts: int) -> dict:

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import _bench_lib
+import code_prompts
 import hf_peer
 import mtp_trace
 import requests
@@ -77,11 +78,28 @@ MAX_GREEDY_PROMPT_LEN = 32
 PORT_STRIDE = 10
 
 
-def greedy_prompts(input_len: int) -> list[list[int]]:
-    """The same prompts for every algorithm and every invocation (seeded)."""
+def greedy_prompts(args: argparse.Namespace) -> list[list[int]]:
+    """The same prompts for every algorithm and every invocation: random tokens (seeded), or
+    with ``--prompts code`` the starts of the first code windows."""
+    length = min(args.input_len, MAX_GREEDY_PROMPT_LEN)
+    windows = getattr(args, "code_windows", None)
+    if windows is not None:
+        return [windows[i % len(windows)][:length] for i in range(NUM_GREEDY_PROMPTS)]
     rng = random.Random(0)
-    length = min(input_len, MAX_GREEDY_PROMPT_LEN)
     return [[rng.randrange(*TOKEN_RANGE) for _ in range(length)] for _ in range(NUM_GREEDY_PROMPTS)]
+
+
+def prepare_prompts(args: argparse.Namespace, extra: list[str], log_dir: Path) -> None:
+    """With ``--prompts code``: write bench_serving's dataset of code windows (``code_prompts``)
+    and keep their token ids for the greedy check (``args.dataset_path``, ``args.code_windows``)."""
+    if args.prompts != "code":
+        return
+    from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
+
+    tokenizer = resolve_model_path(model_path(extra) or DEFAULT_TARGET)
+    texts, windows = code_prompts.code_windows(tokenizer, args.num_prompts, args.input_len)
+    args.dataset_path = code_prompts.write_dataset(log_dir / code_prompts.DATASET_FILE, texts)
+    args.code_windows = windows
 
 
 def run_bench_serving(port: int, args: argparse.Namespace, model: str | None, work: Path) -> dict:
@@ -157,7 +175,7 @@ def measure(
         run.update(run_bench_serving(server.port, args, model_path(extra), work))
         run.update(parse_server_metrics(server.log_path.read_text(errors="replace")))
         stage = "greedy /generate"
-        prompts = greedy_prompts(args.input_len)
+        prompts = greedy_prompts(args)
         max_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)
         run.update(run_greedy(server.url, prompts, max_new_tokens, args.timeout))
         run.update(pick_accept_length(run["bench_accept_length"], run["greedy_accept_length"]))
@@ -180,7 +198,7 @@ def measure_hf(algorithm: str, args: argparse.Namespace, extra: list[str], work:
     """One measurement of a transformers peer (``hf``, ``hf-assisted``) in a fresh process,
     with the greedy prompts the servers get; any failure becomes ``run["error"]``."""
     greedy_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)
-    prompts = greedy_prompts(args.input_len)
+    prompts = greedy_prompts(args)
     return hf_peer.measure_peer(algorithm, args, extra, work, prompts, greedy_new_tokens)
 
 
@@ -329,6 +347,7 @@ def main(argv: list[str]) -> int:
     command = shlex.join([sys.executable, os.path.relpath(__file__), *argv])
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench_speculative_"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    prepare_prompts(args, extra, log_dir)
     run = run_interleaved if args.interleave else run_sequential
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     started = time.perf_counter()

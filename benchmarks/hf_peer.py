@@ -16,8 +16,8 @@ fp32, ``torch.no_grad``, on the CPU (CUDA where the host has it, untested), with
 thread count SGLang's CPU server uses (one thread per core of ``SGLANG_CPU_OMP_THREADS_BIND``
 or, unset, per core of the process's affinity: on a one-NUMA-node host that is what the server
 binds), and with the launcher's malloc settings (``CPU_MALLOC_ENV``). The workload is
-bench_serving's own: its ``random-ids`` sampler with its seed, the text tokenized as the
-server tokenizes it, ``--num-prompts`` requests of ``--output-len`` new tokens sent one after
+bench_serving's own: its ``random-ids`` sampler (with ``--prompts code`` its ``custom`` loader
+on the run's file of code windows) with its seed, the text tokenized as the server tokenizes it, ``--num-prompts`` requests of ``--output-len`` new tokens sent one after
 another after one warm-up request (bench_serving's warm-up). Every request generates exactly
 ``--output-len`` tokens: ``eos_token_id=None`` neither stops at nor masks EOS, which is what
 bench_serving's ``ignore_eos`` does on the server (``min_new_tokens`` would mask EOS logits and
@@ -83,6 +83,9 @@ def peer_spec(
         "seed": int(flag_value(BENCH_SERVING_FIXED, "--seed")),
         "range_ratio": float(flag_value(BENCH_SERVING_FIXED, "--random-range-ratio")),
         "greedy_prompts": greedy,
+        "dataset_path": None
+        if getattr(args, "dataset_path", None) is None
+        else str(args.dataset_path),
         "greedy_new_tokens": greedy_new,
     }
 

@@ -86,15 +86,24 @@ def generate(
 
 
 def bench_serving_prompts(tokenizer: PreTrainedTokenizerBase, spec: dict) -> list[list[int]]:
-    """bench_serving's ``random-ids`` prompts (its sampler, seeded as it seeds), as the server
-    tokenizes the text it is sent."""
+    """bench_serving's ``random-ids`` prompts, or its ``custom`` ones from ``dataset_path``
+    (its loader, seeded as it seeds), as the server tokenizes the text it is sent."""
     import random
 
     import numpy as np
+    from sglang.benchmark.datasets.custom import sample_custom_requests
     from sglang.benchmark.datasets.random import sample_random_requests
 
     random.seed(spec["seed"])
     np.random.seed(spec["seed"])
+    if spec.get("dataset_path"):
+        rows = sample_custom_requests(
+            dataset_path=spec["dataset_path"],
+            num_requests=spec["num_prompts"],
+            tokenizer=tokenizer,
+            fixed_output_len=spec["output_len"],
+        )
+        return [tokenizer.encode(row.prompt) for row in rows]
     rows = sample_random_requests(
         input_len=spec["input_len"],
         output_len=spec["output_len"],

@@ -9,14 +9,15 @@ counts the served steps report. Pure (no SGLang).
   conditional acceptance α_j of each position, so that what is observed at one k predicts
   another.
 - ``BudgetAcceptance``: settings that are budgets of one drafter's proposals (SPECBLOCK's tree
-  node budgets): the accepted drafts of each budget are observed while it runs, a change seen
-  at one budget moves the others by the same factor, and a larger budget is expected to accept
-  no fewer (its tree keeps the smaller one's best nodes).
+  node budgets): the accepted drafts of each budget are observed while it runs (and a smaller
+  budget's on the same steps, read off the larger tree), a change seen at one budget moves the
+  others by the same factor, and a larger budget is expected to accept no fewer (its tree keeps
+  the smaller one's best nodes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -143,8 +144,32 @@ class BudgetAcceptance:
         del share
 
     def observe(self, k: int, counts: Sequence[int]) -> None:
-        if not counts or k == 0:
+        self.observe_settings({k: counts})
+
+    def observe_settings(self, observed: Mapping[int, Sequence[int]]) -> None:
+        """One step's accepted drafts per request at each setting in ``observed``: the setting
+        it ran, and possibly smaller ones read off its tree (each budget's best-scoring nodes,
+        ``prune_to_budget``), so that the ratios between budgets are learnt on the same steps.
+        The settings not observed follow the largest observed one by the same factor."""
+        factor = None
+        for k in sorted(observed):
+            moved = self._update(k, observed[k])
+            if moved is not None:
+                factor = moved
+        if factor is None:
             return
+        # How well drafts are accepted moves with the requests served, at every budget alike:
+        # the others follow by the same factor (each keeps its ratio to the observed ones, learnt
+        # while they ran).
+        for j in range(1, len(self.estimates)):
+            if j not in observed and self.num_observed[j]:
+                self.estimates[j] = min(self.estimates[j] * factor, self.max_drafts[j])
+
+    def _update(self, k: int, counts: Sequence[int]) -> float | None:
+        """Move setting k's estimate toward the mean of ``counts``; the factor it moved by, or
+        None where that says nothing (no counts, k = 0, a first observation, a zero estimate)."""
+        if not counts or k == 0:
+            return None
         # The prior is only a guess: the first observations are averaged (the first replaces
         # it), later ones enter as an EWMA of weight ``weight``.
         self.num_observed[k] += 1
@@ -153,10 +178,5 @@ class BudgetAcceptance:
         before = self.estimates[k]
         self.estimates[k] += weight * (mean - before)
         if before > 0 and self.num_observed[k] > 1:
-            # How well drafts are accepted moves with the requests served, at every budget
-            # alike: the others follow by the same factor (each keeps its ratio to this one,
-            # learnt while it ran).
-            factor = self.estimates[k] / before
-            for j in range(1, len(self.estimates)):
-                if j != k and self.num_observed[j]:
-                    self.estimates[j] = min(self.estimates[j] * factor, self.max_drafts[j])
+            return self.estimates[k] / before
+        return None

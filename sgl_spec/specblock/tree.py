@@ -127,6 +127,25 @@ def expand_blocks(
     return next_starts
 
 
+def budget_order(tree: DraftTree) -> list[int]:
+    """The non-root nodes, best first, as ``prune_to_budget`` keeps them: by score, ties by
+    creation order (an ancestor scores no lower than its descendants and precedes them)."""
+    return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.score[i], i))
+
+
+def accepted_within_budget(tree: DraftTree, path: Sequence[int], max_nodes: int) -> int:
+    """How many of ``path``'s drafts (node indices, root first) a tree pruned to ``max_nodes``
+    nodes would still hold and so have accepted: the leading nodes of the path among the
+    ``max_nodes - 1`` best (``budget_order``; an ancestor-closed set)."""
+    kept = set(budget_order(tree)[: max(max_nodes - 1, 0)])
+    count = 0
+    for node in path[1:]:
+        if node not in kept:
+            break
+        count += 1
+    return count
+
+
 def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[int]]:
     """Keep the root and the ``max_nodes - 1`` best-scoring nodes; returns the pruned tree and
     the old index of each kept node (creation order, so parents still precede children)."""
@@ -134,8 +153,7 @@ def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[in
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
     if tree.num_nodes <= max_nodes:
         return tree, list(range(tree.num_nodes))
-    order = sorted(range(1, tree.num_nodes), key=lambda i: (-tree.score[i], i))
-    kept = [0, *sorted(order[: max_nodes - 1])]
+    kept = [0, *sorted(budget_order(tree)[: max_nodes - 1])]
     new_index = {old: new for new, old in enumerate(kept)}
     pruned = DraftTree.rooted_at(tree.tokens[0])
     for old in kept[1:]:

@@ -49,6 +49,7 @@ from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
+from sgl_spec.specblock.tree import accepted_within_budget
 from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
 
@@ -262,6 +263,21 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._last_budget = self.budgets[k]
         return k
 
+    def _observed_budgets(
+        self, drafted: DraftResult, paths: list[list[int]], k: int, num_accepted: list[int]
+    ) -> dict[int, list[int]]:
+        """The accepted drafts per request at setting k, and at each smaller budget as if the
+        step had verified only the best-scoring nodes of its trees (``accepted_within_budget``):
+        the budgets' ratios are then learnt on the same steps, not on probes of a few steps
+        each at different times (where one noisy probe could pin a smaller budget for good)."""
+        observed = {k: num_accepted}
+        for j in range(1, k):
+            observed[j] = [
+                accepted_within_budget(tree, path, self.budgets[j])
+                for tree, path in zip(drafted.trees, paths, strict=True)
+            ]
+        return observed
+
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
         later drafts, and a failure in it is logged, never raised."""
@@ -330,7 +346,9 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         if self.settings.budget != "fixed":  # auto, cycle, off: the budget of every step
             self.metrics.observe_k(self.budgets[k] - 1)
         if self.controller is not None:
-            self.controller.observe(k, num_accepted)
+            self.controller.observe_settings(
+                self._observed_budgets(drafted, paths, k, num_accepted)
+            )
             realised = 1 + sum(num_accepted) / max(len(num_accepted), 1)
             self.metrics.observe_prediction(self._decision.lam, realised)
         if self.adapter is not None:

@@ -49,6 +49,37 @@ def test_a_change_seen_at_one_budget_moves_the_others() -> None:
     assert model.estimates == pytest.approx([0.0, 0.7, 1.5, 1.5])  # observed) keeps its prior
 
 
+def test_budgets_observed_on_one_step_move_together_and_lead_the_rest() -> None:
+    model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.7, 1.5, 2.0], weight=0.5)
+    model.observe_settings({2: [2], 3: [4]})
+    model.observe_settings({2: [2], 3: [4]})  # first observations: averages, no factor
+    assert model.estimates == [0.0, 0.7, 2.0, 4.0]
+    assert model.num_observed == [0, 0, 2, 2]
+    model.observe(1, [1])  # budget 2 enters
+    model.observe_settings({1: [1], 2: [1]})  # budget 8 (not observed) follows budget 4 down
+    assert model.estimates == pytest.approx([0.0, 1.0, 1.5, 3.0])
+    model.observe_settings({1: [0], 2: [0], 3: [2]})  # all observed: each its own EWMA
+    assert model.estimates == pytest.approx([0.0, 0.5, 0.75, 2.5])
+    model.observe_settings({})  # nothing observed: nothing moves
+    model.observe_settings({0: [0]})
+    assert model.estimates == pytest.approx([0.0, 0.5, 0.75, 2.5])
+
+
+def test_controller_checks_every_observed_setting() -> None:
+    controller = budget_controller(BUDGETS, MAX_DRAFTS)
+    controller.observe_settings({1: [1, 0], 3: [7, 2]})
+    assert controller.acceptance.num_observed == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="lie in"):
+        controller.observe_settings({1: [2], 3: [2]})  # budget 2 accepts one draft at most
+    with pytest.raises(ValueError, match="k_used"):
+        controller.observe_settings({4: [0]})
+    chain = SpeculationController(
+        None, BudgetCost(BUDGETS), ControllerConfig(k_max=3, calibrate_steps=1)
+    )
+    with pytest.raises(TypeError, match="one setting per step"):
+        chain.observe_settings({1: [1]})
+
+
 def test_budget_acceptance_is_monotone_in_the_budget() -> None:
     model = BudgetAcceptance(MAX_DRAFTS, [0.0, 0.9, 2.0, 3.0], weight=0.1)
     model.observe(3, [0])  # an unlucky step at the largest budget

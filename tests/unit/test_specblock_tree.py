@@ -12,6 +12,7 @@ from sgl_spec.specblock.tree import (
     BUCKET_MAP_FALLBACK,
     BlockProposal,
     Start,
+    accepted_within_budget,
     branch_widths,
     expand_blocks,
     propose_from_logits,
@@ -90,6 +91,28 @@ def test_budget_keeps_best_nodes_and_their_ancestors():
     assert prune_to_budget(tree, 100)[0] is tree
     with pytest.raises(ValueError):
         prune_to_budget(tree, 0)
+
+
+def test_accepted_within_budget_is_the_path_a_pruned_tree_keeps():
+    """A path's drafts a smaller budget still holds: those that survive ``prune_to_budget``."""
+    tree = DraftTree.rooted_at(7)
+    expand_blocks(tree, [Start(0)], proposal([[0, 1, 0]]))
+    # best five: 1, 2, 3, 4, 7 (above); path 0-1-3-7 (chain, then its depth-3 node)
+    assert accepted_within_budget(tree, [0, 1, 3, 7], 6) == 3
+    assert accepted_within_budget(tree, [0, 1, 3, 7], 4) == 2  # best three: 1, 2, 3
+    assert accepted_within_budget(tree, [0, 2], 2) == 0  # best one: 1
+    assert accepted_within_budget(tree, [0, 1, 3, 7], 1) == 0
+    assert accepted_within_budget(tree, [0], 8) == 0
+    for budget in range(1, tree.num_nodes + 1):
+        pruned, kept = prune_to_budget(tree, budget)
+        for node in range(tree.num_nodes):  # every path of the tree: root to ``node``
+            path = [node]
+            while path[-1] != 0:
+                path.append(tree.parents[path[-1]])
+            path.reverse()
+            within = accepted_within_budget(tree, path, budget)
+            assert all(n in kept for n in path[: within + 1])
+            assert within == len(path) - 1 or path[within + 1] not in kept
 
 
 def test_grow_tree_runs_m_blocks_from_selected_starts():

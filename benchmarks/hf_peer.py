@@ -17,9 +17,10 @@ thread count SGLang's CPU server uses (one thread per core of ``SGLANG_CPU_OMP_T
 or, unset, per core of the process's affinity: on a one-NUMA-node host that is what the server
 binds), and with the launcher's malloc settings (``CPU_MALLOC_ENV``). The workload is
 bench_serving's own: its ``random-ids`` sampler (with ``--prompts code`` its ``custom`` loader
-on the run's file of code windows) with its seed, the text tokenized as the server tokenizes it, ``--num-prompts`` requests of ``--output-len`` new tokens sent one after
-another after one warm-up request (bench_serving's warm-up). Every request generates exactly
-``--output-len`` tokens: ``eos_token_id=None`` neither stops at nor masks EOS, which is what
+on the run's file of code windows) with its seed, the text tokenized as the server tokenizes
+it, ``--num-prompts`` requests of ``--output-len`` new tokens sent one after another after one
+warm-up request (bench_serving's warm-up). Every request generates exactly ``--output-len``
+tokens: ``eos_token_id=None`` neither stops at nor masks EOS, which is what
 bench_serving's ``ignore_eos`` does on the server (``min_new_tokens`` would mask EOS logits and
 change the greedy ids wherever EOS is the argmax). Then the benchmark's fixed greedy prompts,
 one at a time, give the ids for the table's ``greedy=`` column.

@@ -133,17 +133,17 @@ def budget_order(tree: DraftTree) -> list[int]:
     return sorted(range(1, tree.num_nodes), key=lambda i: (-tree.score[i], i))
 
 
-def accepted_within_budget(tree: DraftTree, path: Sequence[int], max_nodes: int) -> int:
-    """How many of ``path``'s drafts (node indices, root first) a tree pruned to ``max_nodes``
-    nodes would still hold and so have accepted: the leading nodes of the path among the
-    ``max_nodes - 1`` best (``budget_order``; an ancestor-closed set)."""
-    kept = set(budget_order(tree)[: max(max_nodes - 1, 0)])
-    count = 0
-    for node in path[1:]:
-        if node not in kept:
-            break
-        count += 1
-    return count
+def accepted_within_budgets(
+    tree: DraftTree, path: Sequence[int], budgets: Sequence[int]
+) -> list[int]:
+    """For each node budget, how many of ``path``'s drafts (node indices, root first) a tree
+    pruned to that many nodes would still hold and so have accepted: the leading nodes of the
+    path among the ``budget - 1`` best (``budget_order``, sorted once for all budgets). Ranks
+    rise along a path (an ancestor ranks ahead of its descendants), so that is the count of
+    path drafts ranked below ``budget - 1``."""
+    rank = {node: r for r, node in enumerate(budget_order(tree))}
+    ranks = [rank[node] for node in path[1:]]
+    return [sum(1 for r in ranks if r < budget - 1) for budget in budgets]
 
 
 def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[int]]:

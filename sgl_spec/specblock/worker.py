@@ -49,7 +49,7 @@ from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.specblock.tree import accepted_within_budget
+from sgl_spec.specblock.tree import accepted_within_budgets
 from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
 
@@ -267,15 +267,16 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self, drafted: DraftResult, paths: list[list[int]], k: int, num_accepted: list[int]
     ) -> dict[int, list[int]]:
         """The accepted drafts per request at setting k, and at each smaller budget as if the
-        step had verified only the best-scoring nodes of its trees (``accepted_within_budget``):
+        step had verified only the best-scoring nodes of its trees (``accepted_within_budgets``):
         the budgets' ratios are then learnt on the same steps, not on probes of a few steps
         each at different times (where one noisy probe could pin a smaller budget for good)."""
-        observed = {k: num_accepted}
-        for j in range(1, k):
-            observed[j] = [
-                accepted_within_budget(tree, path, self.budgets[j])
-                for tree, path in zip(drafted.trees, paths, strict=True)
-            ]
+        smaller = self.budgets[1:k]
+        per_request = [
+            accepted_within_budgets(tree, path, smaller)
+            for tree, path in zip(drafted.trees, paths, strict=True)
+        ]
+        observed = {j + 1: [counts[j] for counts in per_request] for j in range(len(smaller))}
+        observed[k] = num_accepted
         return observed
 
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:

@@ -12,7 +12,7 @@ from sgl_spec.specblock.tree import (
     BUCKET_MAP_FALLBACK,
     BlockProposal,
     Start,
-    accepted_within_budget,
+    accepted_within_budgets,
     branch_widths,
     expand_blocks,
     propose_from_logits,
@@ -98,11 +98,12 @@ def test_accepted_within_budget_is_the_path_a_pruned_tree_keeps():
     tree = DraftTree.rooted_at(7)
     expand_blocks(tree, [Start(0)], proposal([[0, 1, 0]]))
     # best five: 1, 2, 3, 4, 7 (above); path 0-1-3-7 (chain, then its depth-3 node)
-    assert accepted_within_budget(tree, [0, 1, 3, 7], 6) == 3
-    assert accepted_within_budget(tree, [0, 1, 3, 7], 4) == 2  # best three: 1, 2, 3
-    assert accepted_within_budget(tree, [0, 2], 2) == 0  # best one: 1
-    assert accepted_within_budget(tree, [0, 1, 3, 7], 1) == 0
-    assert accepted_within_budget(tree, [0], 8) == 0
+    assert accepted_within_budgets(tree, [0, 1, 3, 7], [6])[0] == 3
+    assert accepted_within_budgets(tree, [0, 1, 3, 7], [4])[0] == 2  # best three: 1, 2, 3
+    assert accepted_within_budgets(tree, [0, 2], [2])[0] == 0  # best one: 1
+    assert accepted_within_budgets(tree, [0, 1, 3, 7], [1])[0] == 0
+    assert accepted_within_budgets(tree, [0], [8])[0] == 0
+    assert accepted_within_budgets(tree, [0, 1, 3, 7], [1, 2, 4, 6, 8]) == [0, 1, 2, 3, 3]
     for budget in range(1, tree.num_nodes + 1):
         pruned, kept = prune_to_budget(tree, budget)
         for node in range(tree.num_nodes):  # every path of the tree: root to ``node``
@@ -110,7 +111,7 @@ def test_accepted_within_budget_is_the_path_a_pruned_tree_keeps():
             while path[-1] != 0:
                 path.append(tree.parents[path[-1]])
             path.reverse()
-            within = accepted_within_budget(tree, path, budget)
+            within = accepted_within_budgets(tree, path, [budget])[0]
             assert all(n in kept for n in path[: within + 1])
             assert within == len(path) - 1 or path[within + 1] not in kept
 

@@ -3,6 +3,9 @@
 SGLang passes one base pointer and one row stride (bytes) per layer buffer; row ``src_loc[i]``
 is copied to row ``tgt_loc[i]``. All sources are read before any target is written, so
 overlapping moves (compaction of accepted draft tokens) are safe, as in the Triton kernel.
+Where the native library is built, one call moves the rows of every buffer (the PyTorch
+version builds a view and two index copies per layer buffer: on a tree verify's compaction it
+was ~6% of a served SPECBLOCK step at concurrency 1).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import ctypes
 
 import torch
 
+from sgl_spec.cpu_kernels import native
 from sgl_spec.cpu_kernels.opdef import OpDef
 
 
@@ -26,6 +30,10 @@ def copy_all_layer_kv_cache(
     src_loc: torch.Tensor,  # [n]
 ) -> None:
     if tgt_loc.numel() == 0:
+        return
+    ops = native.ops()
+    if ops is not None and hasattr(ops, "copy_kv_rows"):
+        ops.copy_kv_rows(data_ptrs, strides, tgt_loc, src_loc)
         return
     tgt = tgt_loc.long()
     src = src_loc.long()

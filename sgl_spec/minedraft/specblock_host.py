@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sgl_spec.minedraft.draft_model import DraftStateError, SequenceTable
+from sgl_spec.patches.cpu_packed_linear import pack_linear_modules
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, extend_prefix, grow_trees
 from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.workspace import KVWorkspace
@@ -84,7 +85,9 @@ class SpecBlockChainModel(SequenceTable):
         """The drafter at ``path`` on ``device``: fp32 on CPU, bf16 on CUDA."""
         drafter = SpecBlockDrafter.from_pretrained(path)
         dtype = torch.float32 if device.startswith("cpu") else torch.bfloat16
-        return cls(drafter.to(device=device, dtype=dtype), num_steps, max_context_len)
+        drafter = drafter.to(device=device, dtype=dtype)
+        pack_linear_modules(drafter)  # float32 on the CPU: the target's packed kernel
+        return cls(drafter, num_steps, max_context_len)
 
     # -- sequence state ----------------------------------------------------------------------
 

@@ -174,6 +174,32 @@ def packed_linear(
     return state.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
+def _packed_module_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        # the native kernel has no backward: a pass that trains (online adaptation) keeps
+        # F.linear
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    out = packed_linear(self, x, self.bias)
+    return torch.nn.functional.linear(x, self.weight, self.bias) if out is None else out
+
+
+def pack_linear_modules(module: torch.nn.Module, which: str | None = None) -> int:
+    """Serve every float32 CPU ``nn.Linear`` under ``module`` (a model SGLang does not load,
+    such as SPECBLOCK's drafter) through the packed kernel: each layer's weight is packed once
+    and its calls of the rows the kernel takes use it, others ``F.linear``. Returns how many
+    layers were packed (0 where no kernel is available or the weights are not float32 CPU)."""
+    which = which or kind()
+    if which is None or not available(which):
+        return 0
+    count = 0
+    for layer in module.modules():
+        if type(layer) is torch.nn.Linear and packable(layer):
+            pack(layer, which)
+            layer.forward = _packed_module_forward.__get__(layer)
+            count += 1
+    return count
+
+
 def _module() -> ModuleType:
     import importlib
 

@@ -197,6 +197,32 @@ class SpecBlockDrafter(nn.Module):
             self._fuse_cache = cached
         return cached[1]
 
+    def rotary_embedding(
+        self, x: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [bs, n, head_dim]
+        """The rotary ``(cos, sin)`` of ``position_ids``. On the CPU without autograd, for the
+        default rope, rows of a table the same module computed once for positions 0..n-1
+        (every entry is element-wise in its position, so a row equals what the module returns
+        for that position alone); the table doubles when a position passes its end. Elsewhere
+        the module itself (on a GPU, sizing the table would need a host sync per forward)."""
+        rotary = self.rotary
+        if (
+            torch.is_grad_enabled()
+            or x.device.type != "cpu"
+            or getattr(rotary, "rope_type", "default") != "default"
+        ):
+            return rotary(x, position_ids)
+        need = int(position_ids.max()) + 1 if position_ids.numel() else 1
+        key = (x.dtype, rotary.inv_freq.data_ptr(), rotary.inv_freq._version)
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0] != key or table[1].shape[1] < need:
+            size = max(need, 2 * table[1].shape[1] if table is not None else 256)
+            positions = torch.arange(size, device=x.device)[None]
+            cos, sin = rotary(x, positions)
+            table = (key, cos, sin)
+            self._rope_table = table
+        return table[1][0][position_ids], table[2][0][position_ids]
+
     def reset_shifts(self) -> None:
         """Start every ``W_shift`` at ``[I, 0]``: position k keeps its own state and takes
         nothing from k-1 until training asks for it.
@@ -255,7 +281,7 @@ class SpecBlockDrafter(nn.Module):
         mask = attention_mask.to(torch.bool).reshape(-1, 1, *expected)
         cache = _BlockCache(context_kv, len(self.layers))
         flat = hidden.reshape(bs, num_starts * k, d)
-        rope = self.rotary(flat, position_ids)
+        rope = self.rotary_embedding(flat, position_ids)
         for i, layer in enumerate(self.layers):
             if i > 0 and self.config.layer_shift:
                 flat = self.layer_shift(flat.view(bs, num_starts, k, d), i - 1).flatten(1, 2)

@@ -35,6 +35,7 @@ from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.budget import budget_controller
 from sgl_spec.control.ranks import agreed_across_ranks
+from sgl_spec.patches.cpu_packed_linear import pack_linear_modules
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool
@@ -119,7 +120,9 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         except CheckpointError as exc:
             raise ValueError(f"--specblock-drafter-path: {exc}") from exc
         check_target_fit(drafter.config, self.model_runner.model_config.hf_config, path)
-        return drafter.to(device=self.device, dtype=self.drafter_dtype).eval()
+        drafter = drafter.to(device=self.device, dtype=self.drafter_dtype).eval()
+        pack_linear_modules(drafter)  # float32 on the CPU: the target's packed kernel
+        return drafter
 
     # ---- entry point -------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 
-from sgl_spec.cpu_kernels import attention, attention_native, layers, native
+from sgl_spec.cpu_kernels import attention, attention_native, kvcache, layers, native
 from tests.helpers.native_kernels import require_native
 
 
@@ -233,3 +233,47 @@ def test_silu_and_mul_rows_do_not_depend_on_each_other(ops) -> None:
     assert layers.silu_and_mul(half).dtype == torch.bfloat16
     with pytest.raises(RuntimeError, match="float32"):
         ops.silu_and_mul(half)
+
+
+def _kv_layers(seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(12, 2, 3), (12, 2, 3), (12, 5), (12, 1, 4)]  # buffers of different row widths
+    return [torch.randn(s, generator=gen) for s in shapes]
+
+
+def _move(layers: list[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor) -> None:
+    ptrs = torch.tensor([t.data_ptr() for t in layers], dtype=torch.int64)
+    strides = torch.tensor([t[0].numel() * t.element_size() for t in layers], dtype=torch.int64)
+    kvcache.copy_all_layer_kv_cache(ptrs, strides, tgt, src)
+
+
+@pytest.mark.parametrize(
+    ("tgt", "src"),
+    [([1, 2, 3], [2, 3, 7]), ([5, 6, 7, 8], [4, 5, 6, 7]), ([0], [11]), ([3, 9], [9, 3])],
+)
+def test_copy_kv_rows_matches_the_pytorch_move(ops, monkeypatch, tgt, src) -> None:
+    """Overlapping and swapped moves read every source before writing: native and PyTorch
+    versions leave identical buffers, each target holding its source's old row."""
+    tgt_t, src_t = torch.tensor(tgt), torch.tensor(src, dtype=torch.int32)
+    native_layers, torch_layers, before = _kv_layers(0), _kv_layers(0), _kv_layers(0)
+    _move(native_layers, tgt_t, src_t)
+    monkeypatch.setattr(kvcache.native, "ops", lambda: None)
+    _move(torch_layers, tgt_t, src_t)
+    untouched = [r for r in range(12) if r not in tgt]
+    for got, want, old in zip(native_layers, torch_layers, before, strict=True):
+        assert torch.equal(got, want)
+        assert torch.equal(got[tgt_t], old[src_t.long()])
+        assert torch.equal(got[untouched], old[untouched])
+
+
+def test_copy_kv_rows_rejects_negative_locations(ops) -> None:
+    layers = _kv_layers(1)
+    with pytest.raises(RuntimeError, match="below 0"):
+        _move(layers, torch.tensor([1, -1]), torch.tensor([2, 3]))
+    with pytest.raises(RuntimeError, match="one source per target"):
+        ops.copy_kv_rows(
+            torch.tensor([layers[0].data_ptr()]),
+            torch.tensor([24]),
+            torch.tensor([1, 2]),
+            torch.tensor([3]),
+        )

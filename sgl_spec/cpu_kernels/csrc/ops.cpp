@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 #include <vector>
 
@@ -217,6 +218,36 @@ void assign_req_to_token_pool(const at::Tensor& req_pool_indices, at::Tensor& re
   }
 }
 
+// Row src_loc[i] -> row tgt_loc[i] of every buffer, each given by its base address and row
+// stride in bytes (SGLang's ``copy_all_layer_kv_cache`` contract; kvcache.py holds the PyTorch
+// version). Each buffer's sources are all read before any of its targets is written, so an
+// overlapping move (accepted tree tokens compacted to the front) copies the old rows.
+void copy_kv_rows(const at::Tensor& data_ptrs, const at::Tensor& strides,
+                  const at::Tensor& tgt_loc, const at::Tensor& src_loc) {
+  const at::Tensor ptrs = data_ptrs.to(at::kLong).contiguous();
+  const at::Tensor row_bytes = strides.to(at::kLong).contiguous();
+  const at::Tensor tgt = tgt_loc.to(at::kLong).contiguous();
+  const at::Tensor src = src_loc.to(at::kLong).contiguous();
+  const int64_t buffers = ptrs.numel(), n = tgt.numel();
+  TORCH_CHECK(row_bytes.numel() == buffers && src.numel() == n,
+              "sgl_spec_native: copy_kv_rows needs one stride per buffer, one source per target");
+  const int64_t* tp = tgt.data_ptr<int64_t>();
+  const int64_t* sp = src.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(tp[i] >= 0 && sp[i] >= 0, "sgl_spec_native: copy_kv_rows location below 0");
+  std::vector<uint8_t> staged;
+  for (int64_t b = 0; b < buffers; ++b) {
+    uint8_t* base = reinterpret_cast<uint8_t*>(ptrs.data_ptr<int64_t>()[b]);
+    const int64_t stride = row_bytes.data_ptr<int64_t>()[b];
+    TORCH_CHECK(stride > 0, "sgl_spec_native: copy_kv_rows row stride must be positive");
+    staged.resize(static_cast<size_t>(n * stride));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(base + sp[i] * stride, stride, staged.data() + i * stride);
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(staged.data() + i * stride, stride, base + tp[i] * stride);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(sgl_spec_native, m) {
@@ -233,4 +264,6 @@ TORCH_LIBRARY(sgl_spec_native, m) {
       "assign_req_to_token_pool(Tensor req_pool_indices, Tensor(a!) req_to_token,"
       " Tensor start_offset, Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()",
       &assign_req_to_token_pool);
+  m.def("copy_kv_rows(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()",
+        &copy_kv_rows);
 }

@@ -30,6 +30,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from sgl_spec.specblock.config import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, SpecBlockConfig
+from sgl_spec.specblock.fast_layer import fast_layer_forward, fast_path_ok
 from sgl_spec.specblock.mask import ContextKV, block_attention_mask
 from sgl_spec.specblock.rank import RankHead
 from sgl_spec.specblock.workspace import KVWorkspace
@@ -219,7 +220,9 @@ class SpecBlockDrafter(nn.Module):
             size = max(need, 2 * table[1].shape[1] if table is not None else 256)
             positions = torch.arange(size, device=x.device)[None]
             cos, sin = rotary(x, positions)
-            table = (key, cos, sin)
+            half = cos.shape[-1] // 2  # each is cat(f, f): the native rope reads one half of each
+            cos_sin = torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
+            table = (key, cos, sin, cos_sin)
             self._rope_table = table
         return table[1][0][position_ids], table[2][0][position_ids]
 
@@ -282,9 +285,16 @@ class SpecBlockDrafter(nn.Module):
         cache = _BlockCache(context_kv, len(self.layers))
         flat = hidden.reshape(bs, num_starts * k, d)
         rope = self.rotary_embedding(flat, position_ids)
+        fast = getattr(self, "_rope_table", None) is not None and all(
+            fast_path_ok(layer, flat) for layer in self.layers
+        )
         for i, layer in enumerate(self.layers):
             if i > 0 and self.config.layer_shift:
                 flat = self.layer_shift(flat.view(bs, num_starts, k, d), i - 1).flatten(1, 2)
+            if fast:  # the CPU serving path (fast_layer.py): same layer, native ops
+                cos_sin = self._rope_table[3]
+                flat = fast_layer_forward(layer, flat, mask, position_ids, cos_sin, cache, i)
+                continue
             flat = layer(
                 flat,
                 attention_mask=mask,

@@ -9,9 +9,9 @@ import torch
 
 from sgl_spec.patches import cpu_packed_linear
 from tests.helpers.native_kernels import require_native
-from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_V, specblock_drafter
+from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
-D, V = SPECBLOCK_D, SPECBLOCK_V
+D, K, V = SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,64 @@ def test_nothing_is_packed_when_the_kernel_is_off(monkeypatch) -> None:
     assert cpu_packed_linear.pack_linear_modules(model) == 0
     assert not any(hasattr(m, "_sgl_spec_packed") for m in model.modules())
     assert cpu_packed_linear.pack_linear_modules(model.to(torch.bfloat16), "native") == 0
+
+
+def _context_inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    cond = torch.randn(2, 3, 3 * D, generator=gen)
+    ids = torch.randint(0, V, (2, 3), generator=gen)
+    positions = torch.tensor([[5, 9, 40], [0, 1, 2]])
+    return cond, ids, positions
+
+
+def test_fast_layers_match_the_transformers_layers(native_kernel, monkeypatch) -> None:
+    """The native decoder-layer path (no autograd, float32 CPU) computes what transformers'
+    layers compute, with a cached context and a mask that hides part of it, and follows an
+    in-place weight update of a fused projection."""
+    from sgl_spec.specblock import fast_layer
+    from sgl_spec.specblock import model as model_module
+
+    model = specblock_drafter().eval()
+    cond, ids, positions = _context_inputs(5)
+    with torch.no_grad():
+        context = model(cond, ids, positions=positions + 50).kv
+        mask = torch.rand(2, 3 * K, 3 * K + 3 * K, generator=torch.Generator().manual_seed(1)) < 0.7
+        mask[..., 3 * K :] = True  # own block visible; part of the context hidden
+        calls = []
+        real = fast_layer.fast_layer_forward
+        monkeypatch.setattr(
+            model_module, "fast_layer_forward", lambda *a: calls.append(1) or real(*a)
+        )
+        fast = model(cond, ids, positions=positions, context_kv=context, attention_mask=mask)
+        assert len(calls) == len(model.layers)
+        monkeypatch.setattr(model_module, "fast_path_ok", lambda *a: False)
+        slow = model(cond, ids, positions=positions, context_kv=context, attention_mask=mask)
+        for a, b in ((fast.hidden, slow.hidden), (fast.logits, slow.logits)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        for (k1, v1), (k2, v2) in zip(fast.kv, slow.kv, strict=True):
+            torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-5)
+        model.layers[0].self_attn.k_proj.weight.mul_(0.5)
+        changed_slow = model(
+            cond, ids, positions=positions, context_kv=context, attention_mask=mask
+        )
+        monkeypatch.setattr(model_module, "fast_path_ok", fast_layer.fast_path_ok)
+        changed_fast = model(
+            cond, ids, positions=positions, context_kv=context, attention_mask=mask
+        )
+    torch.testing.assert_close(changed_fast.hidden, changed_slow.hidden, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(changed_fast.hidden, fast.hidden)
+
+
+def test_fast_layers_stand_aside_for_training_and_other_dtypes(native_kernel) -> None:
+    from sgl_spec.specblock.fast_layer import fast_path_ok
+
+    model = specblock_drafter()
+    layer = model.layers[0]
+    x = torch.zeros(1, 4, D)
+    assert not fast_path_ok(layer, x)  # training mode, autograd on
+    model.eval()
+    assert not fast_path_ok(layer, x)  # autograd on
+    with torch.no_grad():
+        assert fast_path_ok(layer, x)
+        assert not fast_path_ok(layer, x.to(torch.bfloat16))

@@ -15,6 +15,7 @@ transformers layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,21 +27,23 @@ from sgl_spec.patches import cpu_packed_linear
 _NATIVE_OPS = ("rmsnorm", "rope_neox", "silu_and_mul", "packed_linear")
 
 
-class _Fused:
-    """Several linear layers' weights concatenated by output rows and packed once; packed again
-    when any of them changes (in-place updates bump the version, ``.to()`` makes new tensors)."""
+class _Packed:
+    """A weight built from parameters (``build``: a slice, or several layers' weights
+    concatenated by output rows) and packed once; built and packed again when any of
+    ``sources`` changes (in-place updates bump the version, ``.to()`` makes new tensors)."""
 
-    def __init__(self, layers: list[torch.nn.Linear], which: str) -> None:
-        self.layers = layers
+    def __init__(self, sources: list[torch.Tensor], build: Callable[[], torch.Tensor], which: str):
+        self.sources = sources
+        self.build = build
         self.which = which
         self.key: tuple | None = None
         self.weight = torch.empty(0)
         self.packed: cpu_packed_linear.PackedWeight | None = None
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        key = tuple((m.weight.data_ptr(), m.weight._version) for m in self.layers)
+        key = tuple((w.data_ptr(), w._version) for w in self.sources)
         if key != self.key:
-            self.weight = torch.cat([m.weight.detach() for m in self.layers])
+            self.weight = self.build().detach().contiguous()
             self.packed = cpu_packed_linear.PackedWeight(self.weight, self.which)
             self.key = key
         if not self.packed.takes(rows.shape[0]):
@@ -48,11 +51,28 @@ class _Fused:
         return self.packed.linear(rows, self.weight, None)
 
 
-def fast_path_ok(layer: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether :func:`fast_layer_forward` serves ``layer`` on ``x``."""
-    if torch.is_grad_enabled() or layer.training:
+def _fused(layers: list[torch.nn.Linear], which: str) -> _Packed:
+    weights = [m.weight for m in layers]
+    return _Packed(weights, lambda: torch.cat([m.weight for m in layers]), which)
+
+
+def serving_on_cpu(module: torch.nn.Module, x: torch.Tensor) -> bool:
+    """No autograd, eval mode, float32 on the CPU, and the native kernels built and on."""
+    if torch.is_grad_enabled() or module.training:
         return False
     if x.device.type != "cpu" or x.dtype != torch.float32:
+        return False
+    ops = native.ops()
+    return (
+        cpu_packed_linear.kind() is not None
+        and ops is not None
+        and all(hasattr(ops, name) for name in _NATIVE_OPS)
+    )
+
+
+def fast_path_ok(layer: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether :func:`fast_layer_forward` serves ``layer`` on ``x``."""
+    if not serving_on_cpu(layer, x):
         return False
     state = getattr(layer, "_sgl_spec_fast", None)
     if state is None:
@@ -63,9 +83,6 @@ def fast_path_ok(layer: torch.nn.Module, x: torch.Tensor) -> bool:
 
 def _prepare(layer: torch.nn.Module) -> dict[str, Any] | bool:
     which = cpu_packed_linear.kind()
-    ops = native.ops()
-    if which is None or ops is None or not all(hasattr(ops, name) for name in _NATIVE_OPS):
-        return False
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
     linears += (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
@@ -74,8 +91,8 @@ def _prepare(layer: torch.nn.Module) -> dict[str, Any] | bool:
     if getattr(mlp.config, "hidden_act", None) != "silu":
         return False
     return {
-        "qkv": _Fused([attn.q_proj, attn.k_proj, attn.v_proj], which),
-        "gate_up": _Fused([mlp.gate_proj, mlp.up_proj], which),
+        "qkv": _fused([attn.q_proj, attn.k_proj, attn.v_proj], which),
+        "gate_up": _fused([mlp.gate_proj, mlp.up_proj], which),
     }
 
 
@@ -133,3 +150,56 @@ def fast_layer_forward(
     )
     rows = rows + _project(mlp.down_proj, ops.silu_and_mul(state["gate_up"](normed)))
     return rows.view(bs, n, d)
+
+
+def rms_norm(norm: torch.nn.Module, x: torch.Tensor, fast: bool) -> torch.Tensor:
+    """A ``LlamaRMSNorm``: the native kernel when ``fast`` (:func:`serving_on_cpu`)."""
+    if not fast:
+        return norm(x)
+    return native.ops().rmsnorm(x, norm.weight, norm.variance_epsilon)
+
+
+def fused_prefix(
+    model: torch.nn.Module, context: torch.Tensor, token: torch.Tensor
+) -> torch.Tensor:
+    """``W_fuse[norm(c), norm(embed(x)), .]`` without the query term, as one packed product
+    over the condition and token column blocks (the training path sums two products)."""
+    d = model.config.hidden_size
+    packed = getattr(model, "_sgl_spec_prefix", None)
+    if packed is None or packed.which != cpu_packed_linear.kind():
+        fuse = model.fuse
+        packed = _Packed([fuse.weight], lambda: fuse.weight[:, :-d], cpu_packed_linear.kind())
+        model._sgl_spec_prefix = packed
+    rows = torch.cat(
+        [rms_norm(model.cond_norm, context, True), rms_norm(model.token_norm, token, True)], dim=-1
+    )
+    return packed(rows.reshape(-1, rows.shape[-1])).view(*rows.shape[:-1], -1)
+
+
+def rotary_rows(
+    model: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [bs, n, head_dim]
+    """The rotary ``(cos, sin)`` of ``position_ids``. On the CPU without autograd, for the
+    default rope, rows of a table ``model.rotary`` computed once for positions 0..n-1 (every
+    entry is element-wise in its position, so a row equals what the module returns for that
+    position alone); the table doubles when a position passes its end, and keeps the native
+    rope's ``cos_sin`` layout beside it. Elsewhere the module itself (on a GPU, sizing the
+    table would need a host sync per forward)."""
+    rotary = model.rotary
+    if (
+        torch.is_grad_enabled()
+        or x.device.type != "cpu"
+        or getattr(rotary, "rope_type", "default") != "default"
+    ):
+        return rotary(x, position_ids)
+    need = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    key = (x.dtype, rotary.inv_freq.data_ptr(), rotary.inv_freq._version)
+    table = getattr(model, "_rope_table", None)
+    if table is None or table[0] != key or table[1].shape[1] < need:
+        size = max(need, 2 * table[1].shape[1] if table is not None else 256)
+        cos, sin = rotary(x, torch.arange(size, device=x.device)[None])
+        half = cos.shape[-1] // 2  # each is cat(f, f): the native rope reads one half of each
+        cos_sin = torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
+        table = (key, cos, sin, cos_sin)
+        model._rope_table = table
+    return table[1][0][position_ids], table[2][0][position_ids]

@@ -30,7 +30,14 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from sgl_spec.specblock.config import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, SpecBlockConfig
-from sgl_spec.specblock.fast_layer import fast_layer_forward, fast_path_ok
+from sgl_spec.specblock.fast_layer import (
+    fast_layer_forward,
+    fast_path_ok,
+    fused_prefix,
+    rms_norm,
+    rotary_rows,
+    serving_on_cpu,
+)
 from sgl_spec.specblock.mask import ContextKV, block_attention_mask
 from sgl_spec.specblock.rank import RankHead
 from sgl_spec.specblock.workspace import KVWorkspace
@@ -155,9 +162,12 @@ class SpecBlockDrafter(nn.Module):
         context = cond if from_draft else self.cond_proj(cond)
         token = self.embed_tokens(input_ids).to(context.dtype)
         w_cond, w_token, query = self._fuse_parts(context.dtype)
-        prefix = F.linear(self.cond_norm(context), w_cond) + F.linear(
-            self.token_norm(token), w_token
-        )  # [bs, S, d]
+        if serving_on_cpu(self, context):  # one packed product over both column blocks
+            prefix = fused_prefix(self, context, token)
+        else:
+            prefix = F.linear(self.cond_norm(context), w_cond) + F.linear(
+                self.token_norm(token), w_token
+            )  # [bs, S, d]
         prefix = prefix.unsqueeze(2)  # [bs, S, 1, d]
         if not self.config.prefix_broadcast:
             first = torch.zeros(self.config.block_size, 1, dtype=prefix.dtype, device=prefix.device)
@@ -201,30 +211,9 @@ class SpecBlockDrafter(nn.Module):
     def rotary_embedding(
         self, x: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [bs, n, head_dim]
-        """The rotary ``(cos, sin)`` of ``position_ids``. On the CPU without autograd, for the
-        default rope, rows of a table the same module computed once for positions 0..n-1
-        (every entry is element-wise in its position, so a row equals what the module returns
-        for that position alone); the table doubles when a position passes its end. Elsewhere
-        the module itself (on a GPU, sizing the table would need a host sync per forward)."""
-        rotary = self.rotary
-        if (
-            torch.is_grad_enabled()
-            or x.device.type != "cpu"
-            or getattr(rotary, "rope_type", "default") != "default"
-        ):
-            return rotary(x, position_ids)
-        need = int(position_ids.max()) + 1 if position_ids.numel() else 1
-        key = (x.dtype, rotary.inv_freq.data_ptr(), rotary.inv_freq._version)
-        table = getattr(self, "_rope_table", None)
-        if table is None or table[0] != key or table[1].shape[1] < need:
-            size = max(need, 2 * table[1].shape[1] if table is not None else 256)
-            positions = torch.arange(size, device=x.device)[None]
-            cos, sin = rotary(x, positions)
-            half = cos.shape[-1] // 2  # each is cat(f, f): the native rope reads one half of each
-            cos_sin = torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
-            table = (key, cos, sin, cos_sin)
-            self._rope_table = table
-        return table[1][0][position_ids], table[2][0][position_ids]
+        """The rotary ``(cos, sin)`` of ``position_ids`` (``fast_layer.rotary_rows``: on the CPU
+        without autograd, rows of a table the same module computed once)."""
+        return rotary_rows(self, x, position_ids)
 
     def reset_shifts(self) -> None:
         """Start every ``W_shift`` at ``[I, 0]``: position k keeps its own state and takes
@@ -305,7 +294,7 @@ class SpecBlockDrafter(nn.Module):
         hidden = flat.view(bs, num_starts, k, d)
         if not heads:
             return BlockOutput(None, None, hidden, cache.new)
-        normed = self.norm(hidden)
+        normed = rms_norm(self.norm, hidden, fast)
         logits = self.lm_head(normed)
         rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)
         return BlockOutput(logits, rank_logits, hidden, cache.new)

@@ -37,6 +37,7 @@ PATCHES = (
     "spec_internals",
     "cpu_tensor_parallel",
     "cpu_attention_store",
+    "cpu_eager_draft_select",
 )
 
 

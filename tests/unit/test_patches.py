@@ -277,6 +277,61 @@ def test_cpu_graph_fakes_skip_ops_that_do_not_exist(monkeypatch) -> None:
     assert seen == ["rmsnorm_cpu"]
 
 
+def test_cpu_draft_selection_runs_eagerly(monkeypatch) -> None:
+    """CPU tensors take the function torch.compile wrapped (no compile mid-serving), with the
+    same result; other devices keep the compiled one."""
+    import importlib
+
+    import torch
+
+    from sgl_spec.patches import cpu_eager_draft_select as patch
+
+    module = importlib.import_module(patch.TARGET)
+    compiled_calls: list[str] = []
+
+    def eager(i, topk_p, topk_index, hidden_states, scores, topk):
+        return ("eager", i, topk)
+
+    def compiled(*args):
+        compiled_calls.append(args[1].device.type)
+        return "compiled"
+
+    compiled._torchdynamo_orig_callable = eager
+    monkeypatch.setattr(module, patch.NAME, compiled)
+    patch.check()
+    assert patch.apply()
+    assert not patch.apply()  # idempotent
+    patch.check()  # a patched module still passes
+    cpu = torch.zeros(2, 2)
+    assert module.select_top_k_tokens(1, cpu, cpu.long(), None, cpu, 2) == ("eager", 1, 2)
+    meta = torch.zeros(2, 2, device="meta")
+    assert module.select_top_k_tokens(2, meta, meta.long(), None, meta, 2) == "compiled"
+    assert compiled_calls == ["meta"]
+    monkeypatch.setattr(module, patch.NAME, eager)  # no longer compiled: the check refuses
+    with pytest.raises(RuntimeError, match="no longer torch.compile"):
+        patch.check()
+
+
+def test_the_real_draft_selection_is_patched_to_eager_on_cpu() -> None:
+    import importlib
+
+    import torch
+
+    from sgl_spec.patches import cpu_eager_draft_select as patch
+
+    module = importlib.import_module(patch.TARGET)
+    patch.check()
+    patch.apply()
+    scores = torch.tensor([[0.5, 0.2]])
+    topk_p = torch.tensor([[0.9, 0.1], [0.3, 0.7]])
+    topk_index = torch.tensor([[5, 6], [7, 8]])
+    hidden = torch.arange(4.0).view(2, 2)
+    ids, states, *_ = module.select_top_k_tokens(1, topk_p, topk_index, hidden, scores, 2)
+    # scores x p: [[0.45, 0.05], [0.06, 0.14]] -> the best two are 5 (row 0) then 8 (row 1)
+    assert ids.tolist() == [5, 8]
+    assert torch.equal(states, hidden[[0, 1]])
+
+
 def test_a_patch_whose_target_changed_refuses_to_start(monkeypatch) -> None:
     from types import SimpleNamespace
 

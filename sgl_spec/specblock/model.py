@@ -273,6 +273,24 @@ class SpecBlockDrafter(nn.Module):
         mask = attention_mask.to(torch.bool).reshape(-1, 1, *expected)
         cache = _BlockCache(context_kv, len(self.layers))
         flat = hidden.reshape(bs, num_starts * k, d)
+        flat, fast = self._run_layers(flat, mask, position_ids, cache, num_starts)
+        hidden = flat.view(bs, num_starts, k, d)
+        if not heads:
+            return BlockOutput(None, None, hidden, cache.new)
+        normed = rms_norm(self.norm, hidden, fast)
+        logits = self.lm_head(normed)
+        rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)
+        return BlockOutput(logits, rank_logits, hidden, cache.new)
+
+    def _run_layers(
+        self,
+        flat: torch.Tensor,  # [bs, S*K, d]
+        mask: torch.Tensor,  # [bs|1, 1, S*K, C + S*K] bool
+        position_ids: torch.Tensor,  # [bs, S*K]
+        cache: _BlockCache,
+        num_starts: int,
+    ) -> tuple[torch.Tensor, bool]:  # last layer's states; whether the CPU serving path ran
+        bs, k, d = flat.shape[0], self.config.block_size, self.config.hidden_size
         rope = self.rotary_embedding(flat, position_ids)
         fast = getattr(self, "_rope_table", None) is not None and all(
             fast_path_ok(layer, flat) for layer in self.layers
@@ -291,13 +309,7 @@ class SpecBlockDrafter(nn.Module):
                 past_key_values=cache,
                 position_embeddings=rope,
             )
-        hidden = flat.view(bs, num_starts, k, d)
-        if not heads:
-            return BlockOutput(None, None, hidden, cache.new)
-        normed = rms_norm(self.norm, hidden, fast)
-        logits = self.lm_head(normed)
-        rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)
-        return BlockOutput(logits, rank_logits, hidden, cache.new)
+        return flat, fast
 
     def draft_block(
         self,

@@ -29,10 +29,16 @@ _NATIVE_OPS = ("rmsnorm", "rope_neox", "silu_and_mul", "packed_linear")
 
 class _Packed:
     """A weight built from parameters (``build``: a slice, or several layers' weights
-    concatenated by output rows) and packed once; built and packed again when any of
-    ``sources`` changes (in-place updates bump the version, ``.to()`` makes new tensors)."""
+    concatenated by output rows) and packed once; built and packed again when any tensor
+    ``sources()`` returns changes (looked up at each call, so a parameter replaced on its
+    module is seen; in-place updates bump the version, ``.to()`` moves the storage)."""
 
-    def __init__(self, sources: list[torch.Tensor], build: Callable[[], torch.Tensor], which: str):
+    def __init__(
+        self,
+        sources: Callable[[], list[torch.Tensor]],
+        build: Callable[[], torch.Tensor],
+        which: str,
+    ):
         self.sources = sources
         self.build = build
         self.which = which
@@ -41,7 +47,7 @@ class _Packed:
         self.packed: cpu_packed_linear.PackedWeight | None = None
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        key = tuple((w.data_ptr(), w._version) for w in self.sources)
+        key = tuple((w.data_ptr(), w._version) for w in self.sources())
         if key != self.key:
             self.weight = self.build().detach().contiguous()
             self.packed = cpu_packed_linear.PackedWeight(self.weight, self.which)
@@ -52,8 +58,9 @@ class _Packed:
 
 
 def _fused(layers: list[torch.nn.Linear], which: str) -> _Packed:
-    weights = [m.weight for m in layers]
-    return _Packed(weights, lambda: torch.cat([m.weight for m in layers]), which)
+    return _Packed(
+        lambda: [m.weight for m in layers], lambda: torch.cat([m.weight for m in layers]), which
+    )
 
 
 def serving_on_cpu(module: torch.nn.Module, x: torch.Tensor) -> bool:
@@ -167,8 +174,11 @@ def fused_prefix(
     d = model.config.hidden_size
     packed = getattr(model, "_sgl_spec_prefix", None)
     if packed is None or packed.which != cpu_packed_linear.kind():
-        fuse = model.fuse
-        packed = _Packed([fuse.weight], lambda: fuse.weight[:, :-d], cpu_packed_linear.kind())
+        packed = _Packed(
+            lambda: [model.fuse.weight],
+            lambda: model.fuse.weight[:, :-d],
+            cpu_packed_linear.kind(),
+        )
         model._sgl_spec_prefix = packed
     rows = torch.cat(
         [rms_norm(model.cond_norm, context, True), rms_norm(model.token_norm, token, True)], dim=-1

@@ -130,6 +130,20 @@ def test_fast_layers_match_the_transformers_layers(native_kernel, monkeypatch) -
         )
     torch.testing.assert_close(changed_fast.hidden, changed_slow.hidden, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(changed_fast.hidden, fast.hidden)
+    # a parameter replaced on its module (not updated in place) is packed afresh too
+    attn = model.layers[0].self_attn
+    attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight.detach() * 2.0)
+    model.fuse.weight = torch.nn.Parameter(model.fuse.weight.detach() * 0.5)
+    with torch.no_grad():
+        replaced_fast = model(
+            cond, ids, positions=positions, context_kv=context, attention_mask=mask
+        )
+        monkeypatch.setattr(model_module, "fast_path_ok", lambda *a: False)
+        monkeypatch.setattr(model_module, "serving_on_cpu", lambda *a: False)
+        replaced_slow = model(
+            cond, ids, positions=positions, context_kv=context, attention_mask=mask
+        )
+    torch.testing.assert_close(replaced_fast.hidden, replaced_slow.hidden, rtol=1e-5, atol=1e-5)
 
 
 def test_fast_layers_stand_aside_for_training_and_other_dtypes(native_kernel) -> None:

@@ -37,16 +37,18 @@ def check() -> None:
     function = getattr(module, NAME, None)
     if function is None or not callable(getattr(module, "select_top_k_tokens", None)):
         raise RuntimeError(f"{TARGET}.{NAME} or select_top_k_tokens is gone: patch needs updating")
-    if not getattr(function, "_sgl_spec_patched", False) and _eager(function) is None:
-        raise RuntimeError(f"{TARGET}.{NAME} is no longer torch.compile'd: patch needs updating")
 
 
 def apply() -> bool:
+    """Rebind the name; nothing to do where upstream left it eager (``torch.compile`` disabled
+    on this platform, or no longer wrapped)."""
     module = importlib.import_module(TARGET)
     compiled = getattr(module, NAME)
     if getattr(compiled, "_sgl_spec_patched", False):
         return False
     eager = _eager(compiled)
+    if eager is None:
+        return False
 
     def _select_top_k_tokens_later(i, topk_p, topk_index, hidden_states, scores, topk):
         chosen = eager if topk_p.device.type == "cpu" else compiled

@@ -307,8 +307,11 @@ def test_cpu_draft_selection_runs_eagerly(monkeypatch) -> None:
     meta = torch.zeros(2, 2, device="meta")
     assert module.select_top_k_tokens(2, meta, meta.long(), None, meta, 2) == "compiled"
     assert compiled_calls == ["meta"]
-    monkeypatch.setattr(module, patch.NAME, eager)  # no longer compiled: the check refuses
-    with pytest.raises(RuntimeError, match="no longer torch.compile"):
+    monkeypatch.setattr(module, patch.NAME, eager)  # not compiled (e.g. disabled): left alone
+    patch.check()
+    assert not patch.apply() and getattr(module, patch.NAME) is eager
+    monkeypatch.delattr(module, patch.NAME)
+    with pytest.raises(RuntimeError, match="is gone"):
         patch.check()
 
 

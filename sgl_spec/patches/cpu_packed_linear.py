@@ -174,13 +174,18 @@ def packed_linear(
     return state.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
+def linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias``: :func:`packed_linear` where it serves the call, else ``F.linear``."""
+    out = packed_linear(layer, x, bias)
+    return torch.nn.functional.linear(x, layer.weight, bias) if out is None else out
+
+
 def _packed_module_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
         # the native kernel has no backward: a pass that trains (online adaptation) keeps
         # F.linear
         return torch.nn.functional.linear(x, self.weight, self.bias)
-    out = packed_linear(self, x, self.bias)
-    return torch.nn.functional.linear(x, self.weight, self.bias) if out is None else out
+    return linear(self, x, self.bias)
 
 
 def pack_linear_modules(module: torch.nn.Module, which: str | None = None) -> int:

@@ -103,11 +103,6 @@ def _prepare(layer: torch.nn.Module) -> dict[str, Any] | bool:
     }
 
 
-def _project(layer: torch.nn.Linear, rows: torch.Tensor) -> torch.Tensor:
-    out = cpu_packed_linear.packed_linear(layer, rows, None)
-    return F.linear(rows, layer.weight) if out is None else out
-
-
 def fast_layer_forward(
     layer: torch.nn.Module,
     hidden: torch.Tensor,  # [bs, n, d]
@@ -149,13 +144,14 @@ def fast_layer_forward(
         enable_gqa=query.shape[1] != key.shape[1],
     )
     out = out.transpose(1, 2).reshape(bs * n, q_width)
-    rows = rows + _project(attn.o_proj, out)
+    rows = rows + cpu_packed_linear.linear(attn.o_proj, out, None)
     normed = ops.rmsnorm(
         rows,
         layer.post_attention_layernorm.weight,
         layer.post_attention_layernorm.variance_epsilon,
     )
-    rows = rows + _project(mlp.down_proj, ops.silu_and_mul(state["gate_up"](normed)))
+    gated = ops.silu_and_mul(state["gate_up"](normed))
+    rows = rows + cpu_packed_linear.linear(mlp.down_proj, gated, None)
     return rows.view(bs, n, d)
 
 
@@ -186,22 +182,22 @@ def fused_prefix(
     return packed(rows.reshape(-1, rows.shape[-1])).view(*rows.shape[:-1], -1)
 
 
-def rotary_rows(
+def rope_table(
     model: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [bs, n, head_dim]
-    """The rotary ``(cos, sin)`` of ``position_ids``. On the CPU without autograd, for the
-    default rope, rows of a table ``model.rotary`` computed once for positions 0..n-1 (every
-    entry is element-wise in its position, so a row equals what the module returns for that
-    position alone); the table doubles when a position passes its end, and keeps the native
-    rope's ``cos_sin`` layout beside it. Elsewhere the module itself (on a GPU, sizing the
-    table would need a host sync per forward)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:  # cos, sin [1, N, hd]; cos_sin
+    """On the CPU without autograd, for the default rope: a table of ``model.rotary``'s
+    ``(cos, sin)`` for positions 0..N-1 covering ``position_ids``, computed once (every entry is
+    element-wise in its position, so a row equals what the module returns for that position
+    alone) and doubled when a position passes its end, with the native rope's ``cos_sin``
+    layout beside it. None elsewhere (on a GPU, sizing the table would need a host sync per
+    forward)."""
     rotary = model.rotary
     if (
         torch.is_grad_enabled()
         or x.device.type != "cpu"
         or getattr(rotary, "rope_type", "default") != "default"
     ):
-        return rotary(x, position_ids)
+        return None
     need = int(position_ids.max()) + 1 if position_ids.numel() else 1
     key = (x.dtype, rotary.inv_freq.data_ptr(), rotary.inv_freq._version)
     table = getattr(model, "_rope_table", None)
@@ -212,4 +208,15 @@ def rotary_rows(
         cos_sin = torch.cat([cos[0, :, :half], sin[0, :, :half]], dim=-1).contiguous()
         table = (key, cos, sin, cos_sin)
         model._rope_table = table
-    return table[1][0][position_ids], table[2][0][position_ids]
+    return table[1:]
+
+
+def rotary_rows(
+    model: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin [bs, n, head_dim]
+    """The rotary ``(cos, sin)`` of ``position_ids``: rows of :func:`rope_table` where it
+    applies, else the module itself."""
+    table = rope_table(model, x, position_ids)
+    if table is None:
+        return model.rotary(x, position_ids)
+    return table[0][0][position_ids], table[1][0][position_ids]

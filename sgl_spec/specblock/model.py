@@ -35,6 +35,7 @@ from sgl_spec.specblock.fast_layer import (
     fast_path_ok,
     fused_prefix,
     rms_norm,
+    rope_table,
     rotary_rows,
     serving_on_cpu,
 )
@@ -291,16 +292,15 @@ class SpecBlockDrafter(nn.Module):
         num_starts: int,
     ) -> tuple[torch.Tensor, bool]:  # last layer's states; whether the CPU serving path ran
         bs, k, d = flat.shape[0], self.config.block_size, self.config.hidden_size
-        rope = self.rotary_embedding(flat, position_ids)
-        fast = getattr(self, "_rope_table", None) is not None and all(
-            fast_path_ok(layer, flat) for layer in self.layers
-        )
+        table = rope_table(self, flat, position_ids)
+        fast = table is not None and all(fast_path_ok(layer, flat) for layer in self.layers)
+        # the CPU serving path (fast_layer.py) reads the table; the transformers layers (cos, sin)
+        rope = None if fast else self.rotary_embedding(flat, position_ids)
         for i, layer in enumerate(self.layers):
             if i > 0 and self.config.layer_shift:
                 flat = self.layer_shift(flat.view(bs, num_starts, k, d), i - 1).flatten(1, 2)
-            if fast:  # the CPU serving path (fast_layer.py): same layer, native ops
-                cos_sin = self._rope_table[3]
-                flat = fast_layer_forward(layer, flat, mask, position_ids, cos_sin, cache, i)
+            if fast:  # same layer, native ops
+                flat = fast_layer_forward(layer, flat, mask, position_ids, table[2], cache, i)
                 continue
             flat = layer(
                 flat,

@@ -10,8 +10,8 @@ counts the served steps report. Pure (no SGLang).
   another.
 - ``BudgetAcceptance``: settings that are budgets of one drafter's proposals (SPECBLOCK's tree
   node budgets): the accepted drafts of each budget are observed while it runs (and a smaller
-  budget's on the same steps, read off the larger tree), a change seen at one budget moves the
-  others by the same factor, and a larger budget is expected to accept no fewer (its tree keeps
+  budget's on the same steps, read off the larger tree), the others follow by the ratios
+  learnt on the steps that observed both, and a larger budget is expected to accept no fewer (its tree keeps
   the smaller one's best nodes).
 """
 
@@ -47,6 +47,10 @@ class AcceptanceModel(Protocol):
 # first n observations of a position (a running mean: no pull from the prior), then this much:
 # it spans a few requests' worth of steps where the running α follows the requests in the batch.
 POPULATION_WEIGHT = 0.01
+# Weight of a step in ``BudgetAcceptance``'s ratios between budgets (after a running mean over
+# the first steps): they move over tens of steps, while each budget's estimate follows the
+# requests within a few.
+RATIO_WEIGHT = 0.05
 # Observations of a position before its population estimate may renew the running one: fewer
 # would only come from the first request's warm-up probes.
 POPULATION_MIN_SEEN = 64
@@ -114,9 +118,22 @@ class BudgetAcceptance:
     ``max_drafts[k]`` acceptable drafts at most; ``max_drafts[0]`` is 0). Before a setting is
     observed its estimate is ``prior[k]`` (the accepted drafts expected there). λ(k) is the
     largest estimate among settings 0..k, plus 1: a larger budget keeps at least the smaller
-    one's drafts, so it cannot be expected to accept fewer."""
+    one's drafts, so it cannot be expected to accept fewer.
 
-    def __init__(self, max_drafts: Sequence[int], prior: Sequence[float], weight: float) -> None:
+    A larger budget not observed on a step follows the largest observed one by their ratio,
+    learnt slowly (``RATIO_WEIGHT``) on the steps that observed both (``paired``; a step at
+    budget j observes every budget <= j, its tree's best nodes). How well drafts are accepted
+    moves with the requests, within a few steps; how the budgets compare moves slowly, and a
+    smaller budget's own movement says little of a larger one's (budget 2's one draft is
+    accepted on most steps whether budget 8 accepts 2 drafts or 4)."""
+
+    def __init__(
+        self,
+        max_drafts: Sequence[int],
+        prior: Sequence[float],
+        weight: float,
+        request_weight: float | None = None,
+    ) -> None:
         if len(prior) != len(max_drafts) or not max_drafts or max_drafts[0] != 0:
             raise ValueError(
                 f"need one prior per setting and setting 0 without drafts: {max_drafts}, {prior}"
@@ -127,6 +144,10 @@ class BudgetAcceptance:
         self.estimates = [float(p) for p in prior]
         self.num_observed = [0] * len(prior)
         self.weight = weight
+        self.request_weight = request_weight
+        # (j, k), j > k: [mean count of budget j, of budget k, steps] over the steps that
+        # observed both
+        self.paired: dict[tuple[int, int], list] = {}
 
     def length(self, k: int) -> float:
         return 1.0 + max(self.estimates[: k + 1])
@@ -143,38 +164,70 @@ class BudgetAcceptance:
         is 0.25 in the served tuning) and the probes on turnover re-measure it."""
         del share
 
+    def reopen(self) -> None:
+        """Speculation was off: the estimates are as old as the last step that drafted. The
+        next observations (a probe's) average with each estimate as with one observation,
+        then the EWMA takes over again."""
+        self.num_observed = [min(n, 1) for n in self.num_observed]
+
+    def step_weight(self, num_requests: int) -> float:
+        """An observed step's weight in the running estimates: ``weight``, or with
+        ``request_weight`` that much per request the step observed, up to ``weight`` (one
+        request's accepted drafts vary far more from step to step than a batch's mean)."""
+        if self.request_weight is None:
+            return self.weight
+        return min(self.weight, self.request_weight * max(num_requests, 1))
+
+    def ratio(self, j: int, k: int) -> float | None:
+        """Budget j's expected count over budget k's, j > k, from the steps that observed both;
+        None before any, or where budget k's is 0 there (nothing to scale by)."""
+        pair = self.paired.get((j, k))
+        return pair[0] / pair[1] if pair is not None and pair[1] > 0 else None
+
     def observe(self, k: int, counts: Sequence[int]) -> None:
         self.observe_settings({k: counts})
 
     def observe_settings(self, observed: Mapping[int, Sequence[int]]) -> None:
         """One step's accepted drafts per request at each setting in ``observed``: the setting
         it ran, and possibly smaller ones read off its tree (each budget's best-scoring nodes,
-        ``prune_to_budget``), so that the ratios between budgets are learnt on the same steps.
-        The settings not observed follow the largest observed one by the same factor."""
+        ``prune_to_budget``), so that the budgets' ratios are learnt on the same steps. A
+        larger budget not observed follows the largest observed one by their ratio (class
+        docstring); before any step observed both, and for the smaller ones not observed, by
+        the factor the largest observed one moved."""
+        seen = sorted(k for k, counts in observed.items() if counts and k > 0)
+        if not seen:
+            return
+        means = {k: sum(observed[k]) / len(observed[k]) for k in seen}
         factor = None
-        for k in sorted(observed):
-            moved = self._update(k, observed[k])
+        for k in seen:
+            moved = self._update(k, means[k], len(observed[k]))
             if moved is not None:
                 factor = moved
-        if factor is None:
-            return
-        # How well drafts are accepted moves with the requests served, at every budget alike:
-        # the others follow by the same factor (each keeps its ratio to the observed ones, learnt
-        # while they ran).
+        for j in seen:  # the pairs this step observed
+            for k in seen[: seen.index(j)]:
+                pair = self.paired.setdefault((j, k), [0.0, 0.0, 0])
+                pair[2] += 1
+                pull = max(RATIO_WEIGHT, 1.0 / pair[2])
+                pair[0] += pull * (means[j] - pair[0])
+                pair[1] += pull * (means[k] - pair[1])
+        top = seen[-1]
         for j in range(1, len(self.estimates)):
-            if j not in observed and self.num_observed[j]:
+            if j in means:
+                continue
+            ratio = self.ratio(j, top) if j > top else None
+            if ratio is not None:
+                self.estimates[j] = min(self.estimates[top] * ratio, self.max_drafts[j])
+            elif factor is not None and self.num_observed[j]:
+                # how well drafts are accepted moves with the requests, at every budget alike
                 self.estimates[j] = min(self.estimates[j] * factor, self.max_drafts[j])
 
-    def _update(self, k: int, counts: Sequence[int]) -> float | None:
-        """Move setting k's estimate toward the mean of ``counts``; the factor it moved by, or
-        None where that says nothing (no counts, k = 0, a first observation, a zero estimate)."""
-        if not counts or k == 0:
-            return None
-        # The prior is only a guess: the first observations are averaged (the first replaces
-        # it), later ones enter as an EWMA of weight ``weight``.
+    def _update(self, k: int, mean: float, num_requests: int) -> float | None:
+        """Move setting k's estimate toward ``mean``; the factor it moved by, or None where
+        that says nothing (a first observation, a zero estimate)."""
         self.num_observed[k] += 1
-        weight = max(self.weight, 1.0 / self.num_observed[k])
-        mean = sum(counts) / len(counts)
+        # the prior is only a guess: the first observations are averaged (the first replaces
+        # it), later ones enter as an EWMA of ``step_weight``
+        weight = max(self.step_weight(num_requests), 1.0 / self.num_observed[k])
         before = self.estimates[k]
         self.estimates[k] += weight * (mean - before)
         if before > 0 and self.num_observed[k] > 1:

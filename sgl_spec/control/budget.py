@@ -17,6 +17,11 @@ from sgl_spec.control.probes import served_budget
 # time, counted in its price): at 16 requests that is tens of plain steps' worth, and probes
 # every 16-64 steps left the default under its own floor (RESULTS.md, 2026-12-02).
 PROBE_BUDGET = 0.03
+# A step's weight in a budget's running acceptance per request it observed, up to the EWMA
+# weight of the served tuning (0.25): one request's accepted drafts at 8 nodes vary by 1.5 from
+# step to step (random-token prompts, RESULTS.md), so at one request a weight of 0.25 turned
+# drafting off on a few unlucky steps where it paid 1.7x.
+REQUEST_WEIGHT = 0.1
 
 
 def budget_controller(
@@ -32,10 +37,11 @@ def budget_controller(
     # step after k = 0 has), so probing while off costs little: every 16 steps, not 256; a
     # plain step while speculating still costs one (T(0) refreshed every 256 steps).
     # Acceptance moves with each request (a tree of 8 nodes accepts 1 to 4 tokens a step on
-    # one prompt or another): a budget's estimate follows within a few steps.
+    # one prompt or another): a budget's estimate follows within a few steps of a batch, and
+    # within ten or so at one request (``REQUEST_WEIGHT``).
     tuning = {**SERVED_TUNING, "explore_every": 16, "refresh_every": 256}
     tuning.update(probe_others_every=32, ewma_weight=0.25, probe_on_turnover=True)
     tuning.update(probe_budget=served_budget(PROBE_BUDGET))
     config = ControllerConfig(k_max=len(budgets) - 1, alpha_prior=alpha, **tuning)
-    acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight)
+    acceptance = BudgetAcceptance(max_drafts, prior, config.ewma_weight, REQUEST_WEIGHT)
     return SpeculationController(None, BudgetCost(tuple(budgets)), config, acceptance)

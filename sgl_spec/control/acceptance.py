@@ -11,8 +11,8 @@ counts the served steps report. Pure (no SGLang).
 - ``BudgetAcceptance``: settings that are budgets of one drafter's proposals (SPECBLOCK's tree
   node budgets): the accepted drafts of each budget are observed while it runs (and a smaller
   budget's on the same steps, read off the larger tree), the others follow by the ratios
-  learnt on the steps that observed both, and a larger budget is expected to accept no fewer (its tree keeps
-  the smaller one's best nodes).
+  learnt on the steps that observed both, and a larger budget is expected to accept no fewer
+  (its tree keeps the smaller one's best nodes).
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class AcceptanceModel(Protocol):
 
     def renew(self, share: float) -> None:
         """``share`` of the batch's requests are new since the estimates were last renewed."""
+        ...
+
+    def reopen(self) -> None:
+        """A probe starts while speculation is off: the estimates are as old as the last step
+        that drafted."""
         ...
 
 
@@ -111,6 +116,10 @@ class ChainAcceptance:
         for j, (alpha, population) in enumerate(zip(self.alphas, self.population, strict=True)):
             if self.seen[j] >= POPULATION_MIN_SEEN:
                 self.alphas[j] = alpha + share * (population - alpha)
+
+    def reopen(self) -> None:
+        """Nothing: a probe's steps enter the per-position EWMA like any others (``renew``
+        already moves α toward the population when requests join)."""
 
 
 class BudgetAcceptance:
@@ -203,8 +212,8 @@ class BudgetAcceptance:
             moved = self._update(k, means[k], len(observed[k]))
             if moved is not None:
                 factor = moved
-        for j in seen:  # the pairs this step observed
-            for k in seen[: seen.index(j)]:
+        for i, j in enumerate(seen):  # the pairs this step observed
+            for k in seen[:i]:
                 pair = self.paired.setdefault((j, k), [0.0, 0.0, 0])
                 pair[2] += 1
                 pull = max(RATIO_WEIGHT, 1.0 / pair[2])

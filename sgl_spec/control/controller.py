@@ -310,9 +310,8 @@ class SpeculationController:
     ) -> Decision:
         self._joined, self._probed_batch_size = 0, batch_size
         self._since_probe = 0
-        reopen = getattr(self.acceptance, "reopen", None)
-        if reopen is not None and self.num_steps_on == 0:  # a probe while off re-measures
-            reopen()
+        if self.num_steps_on == 0:  # a probe while off re-measures
+            self.acceptance.reopen()
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
             self._probe = (decision.k, steps - 1)

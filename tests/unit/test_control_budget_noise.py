@@ -125,8 +125,8 @@ def test_one_noisy_request_keeps_drafting_where_it_pays(seed: int) -> None:
     """A served trace at one request where 8 nodes pay 1.6x although single steps accept
     anything from 0 to 4 drafts (mean 2.2, standard deviation 1.5). With a step weight of 0.25
     whatever the batch, and budget 8 following budget 2's movement, a few unlucky steps turned
-    drafting off for 16 steps or more at a time (0.76x the fixed budget, 70% of the steps
-    off); now within 10% of 8 nodes every step."""
+    drafting off for 16 steps or more at a time (0.75-0.81x the fixed budget, 67-76% of
+    the steps off, seeds 0-2); now within 10% of 8 nodes every step."""
     fixed, _ = _replay(None, 2, seed)
     auto, off = _replay(budget_controller(BUDGETS, MAX_DRAFTS), 2, seed)
     assert REQUEST_WEIGHT < 0.25

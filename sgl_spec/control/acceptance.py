@@ -38,6 +38,11 @@ class AcceptanceModel(Protocol):
         """One step at setting k accepted ``counts[i]`` drafts for request i."""
         ...
 
+    def spread(self, k: int) -> float | None:
+        """The standard deviation of one request's accepted drafts in a step at setting k over
+        the requests served so far, or None before ``SPREAD_MIN_STEPS`` steps observed it."""
+        ...
+
     def renew(self, share: float) -> None:
         """``share`` of the batch's requests are new since the estimates were last renewed."""
         ...
@@ -59,6 +64,35 @@ RATIO_WEIGHT = 0.05
 # Observations of a position before its population estimate may renew the running one: fewer
 # would only come from the first request's warm-up probes.
 POPULATION_MIN_SEEN = 64
+
+
+# Steps observed at a setting before its measured spread (``RequestSpread``) is used.
+SPREAD_MIN_STEPS = 16
+
+
+class RequestSpread:
+    """Per setting, the running first and second moments of one request's accepted drafts in
+    a step, over the requests served (a running mean over the first steps, then an EWMA of
+    ``POPULATION_WEIGHT``): their standard deviation says how far the mean of a batch of n
+    requests plausibly strays from the population's (``SpeculationController.plausible_length``)."""
+
+    def __init__(self, num_settings: int) -> None:
+        self.moments = [[0.0, 0.0, 0] for _ in range(num_settings)]  # mean, mean square, steps
+
+    def observe(self, k: int, counts: Sequence[int]) -> None:
+        if not counts or k <= 0:
+            return
+        moments = self.moments[k]
+        moments[2] += 1
+        pull = max(POPULATION_WEIGHT, 1.0 / moments[2])
+        moments[0] += pull * (sum(counts) / len(counts) - moments[0])
+        moments[1] += pull * (sum(a * a for a in counts) / len(counts) - moments[1])
+
+    def spread(self, k: int) -> float | None:
+        mean, square, steps = self.moments[k]
+        if steps < SPREAD_MIN_STEPS:
+            return None
+        return max(square - mean * mean, 0.0) ** 0.5
 
 
 def _chain_length(alphas: Sequence[float]) -> float:
@@ -88,6 +122,7 @@ class ChainAcceptance:
         self.population = list(self.alphas)
         self.seen = [0] * len(self.alphas)  # observations of each position
         self.weight = weight
+        self.spreads = RequestSpread(len(self.alphas) + 1)
 
     def length(self, k: int) -> float:
         return _chain_length(self.alphas[:k])
@@ -98,9 +133,13 @@ class ChainAcceptance:
     def most_accepted(self, k: int) -> int:
         return k
 
+    def spread(self, k: int) -> float | None:
+        return self.spreads.spread(k)
+
     def observe(self, k: int, counts: Sequence[int]) -> None:
         """Draft j was *reached* when drafts 1..j-1 were accepted; α_j moves toward the fraction
         of reaching requests that accepted it, one EWMA step per call."""
+        self.spreads.observe(k, counts)
         for j in range(1, k + 1):
             reached = sum(1 for a in counts if a >= j - 1)
             if reached == 0:
@@ -154,6 +193,7 @@ class BudgetAcceptance:
         self.num_observed = [0] * len(prior)
         self.weight = weight
         self.request_weight = request_weight
+        self.spreads = RequestSpread(len(prior))
         # (j, k), j > k: [mean count of budget j, of budget k, steps] over the steps that
         # observed both
         self.paired: dict[tuple[int, int], list] = {}
@@ -167,6 +207,9 @@ class BudgetAcceptance:
 
     def most_accepted(self, k: int) -> int:
         return self.max_drafts[k]
+
+    def spread(self, k: int) -> float | None:
+        return self.spreads.spread(k)
 
     def renew(self, share: float) -> None:
         """Nothing: each budget's estimate already follows within a few steps (its EWMA weight
@@ -207,6 +250,8 @@ class BudgetAcceptance:
         if not seen:
             return
         means = {k: sum(observed[k]) / len(observed[k]) for k in seen}
+        for k in seen:
+            self.spreads.observe(k, observed[k])
         factor = None
         for k in seen:
             moved = self._update(k, means[k], len(observed[k]))

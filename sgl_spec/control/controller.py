@@ -19,20 +19,22 @@ step also pays the method's own work. With ``calibrate_steps > 0`` the controlle
 ``StepTimes`` (served step times per batch-size bucket and k); once T(k) and T(0) are measured
 in a bucket, S = λ(k)·T(0)/T(k) replaces equation 1 there. An unmeasured k is bounded by the
 times of the smaller k measured so far, or of the same k at a smaller batch (τ does not rise
-with batch size): it is probed only if that optimistic bound could beat k = 0. Periodic probes
-keep every estimate fresh: of k = 0 while speculating, of k > 0 while off, at intervals that
-double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it, and that are
-long enough for the probes to cost at most ``probe_budget`` of serving time (``probes.py``).
+with batch size), and by how the settings' extra costs compared at a smaller batch (they do not
+flatten as the batch grows): it is probed only if that optimistic bound could beat k = 0.
+Periodic probes keep every estimate fresh: of k = 0 while speculating, of k > 0 while off, at
+intervals that double, up to ``MAX_EXPLORE_BACKOFF`` times, while probes keep confirming it,
+and that are long enough for the probes to cost at most ``probe_budget`` of serving time
+(``probes.py``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral
 
 from sgl_spec.control.acceptance import AcceptanceModel, ChainAcceptance
+from sgl_spec.control.bounds import cheaper_first, plausible_length, tau_bound
 from sgl_spec.control.config import TURNOVER_PROBE_STEPS, ControllerConfig
 from sgl_spec.control.cost_model import GammaTable, StepCost, predicted_speedup
 from sgl_spec.control.probes import UNPRICED_NEW_BATCH, ProbePrices
@@ -141,16 +143,7 @@ class SpeculationController:
         if self.table is None:
             if t0 is None or k == 0:
                 return Decision(k, lam if k else 1.0, gamma, 1.0, lam, source="prior")
-            # T(k) >= T(j) for every j < k, so τ(k) <= τ(j) for every j <= k known here or,
-            # not yet measured here, at a smaller batch size; the tightest bound counts.
-            tau = 1.0
-            for j in range(1, k + 1):
-                tj = self.times.get(batch_size, j) if j < k else None
-                bound = (
-                    t0 / tj if tj is not None else self.times.tau_from_smaller_batch(batch_size, j)
-                )
-                if bound is not None:
-                    tau = min(tau, bound)
+            tau = tau_bound(self.times, self.cost, batch_size, k, t0)
             return Decision(k, lam * tau, gamma, tau, lam, source="bound")
         tau = self.table.tau(batch_size, ctx_len, gamma)
         if k == 0:
@@ -231,6 +224,10 @@ class SpeculationController:
                 return None
             candidates = plausible or candidates
         explore = max(candidates, key=lambda d: d.predicted_speedup)
+        if explore.source == "bound":
+            first = cheaper_first(self.times, batch_size, explore.k)
+            if first != explore.k:
+                explore = self.predict(first, batch_size, ctx_len)
         # a setting not measured here: priced from its bound, probed until measured (a probe
         # that leaves speculation off doubles the wait for the next one, below)
         steps = max(self._steps_to_measure(batch_size, explore.k), self.config.probe_steps)
@@ -245,14 +242,8 @@ class SpeculationController:
         return self._start_probe(explore, batch_size, steps)
 
     def plausible_length(self, k: int, batch_size: int) -> float:
-        """The largest acceptance length a batch of ``batch_size`` requests plausibly has at
-        setting k: the population's λ(k) plus two standard deviations of a mean of that many
-        requests, each accepting between 1 and 1 + most_accepted(k) tokens (at most half that
-        range apart: Popoviciu), so (most_accepted(k)) / sqrt(batch_size) -- the full range
-        for one request, near the population's for many."""
-        most = self.acceptance.most_accepted(k)
-        spread = most / math.sqrt(max(batch_size, 1))
-        return min(1.0 + most, self.acceptance.population_length(k) + spread)
+        """``bounds.plausible_length`` of this controller's acceptance model."""
+        return plausible_length(self.acceptance, k, batch_size)
 
     def could_pay(self, decision: Decision, batch_size: int) -> bool:
         """Whether ``decision``'s setting beats 1 + margin at ``plausible_length``: else a probe
@@ -279,7 +270,10 @@ class SpeculationController:
                     continue  # cannot pay even if it cost no more than the last measured k
                 if self.config.plausible_probes and not self.could_pay(bound, batch_size):
                     continue  # nor at any acceptance this batch plausibly has
-                steps = self._steps_to_measure(batch_size, k)
+                first = cheaper_first(self.times, batch_size, k)
+                if first != k:
+                    bound = self.predict(first, batch_size, ctx_len)
+                steps = self._steps_to_measure(batch_size, first)
                 return self._start_probe(bound, batch_size, steps)
         return None
 

@@ -21,6 +21,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+# The least share of T(0) by which a setting must cost more than a plain step for the ratio of
+# two settings' extra costs to be read (``StepTimes.extra_ratio_from_smaller_batch``).
+SIGNIFICANT_EXTRA = 0.1
+
 
 def batch_bucket(batch_size: int) -> int:
     """Batch sizes share timing statistics per power of two (rounded in log space)."""
@@ -92,6 +96,27 @@ class StepTimes:
             t0, tk = self._get_bucket(b, 0), self._get_bucket(b, k)
             if t0 is not None and tk is not None:
                 return t0 / tk
+        return None
+
+    def extra_ratio_from_smaller_batch(self, batch_size: int, j: int, k: int) -> float | None:
+        """(T(k) - T(0)) / (T(j) - T(0)), j < k, of the nearest smaller batch-size bucket where
+        the three are measured and setting j costs visibly more than a plain step there
+        (``SIGNIFICANT_EXTRA``; else the ratio is mostly noise); at least 1 (T(k) >= T(j)).
+
+        How much more setting k costs than j, over what j costs more than a plain step, does
+        not fall as the batch grows: at a small batch a fixed cost of drafting at all dominates
+        both (the ratio is near 1), at a large one the work per drafted token (the ratio
+        approaches that of their tokens). ``SpeculationController`` bounds T(k) of a bucket that
+        measured j but not k with it."""
+        bucket = batch_bucket(batch_size)
+        below = sorted({b for b, i in self._samples if i == k and b < bucket}, reverse=True)
+        for b in below:
+            t0, tj, tk = (self._get_bucket(b, i) for i in (0, j, k))
+            if t0 is None or tj is None or tk is None:
+                continue
+            if tj - t0 < SIGNIFICANT_EXTRA * t0:
+                return None
+            return max(1.0, (tk - t0) / (tj - t0))
         return None
 
     def _get_bucket(self, bucket: int, k: int) -> float | None:

@@ -1,6 +1,7 @@
 """sgl_spec.control.controller: ``plausible_probes``. While off, a setting is probed only if it
 could pay at the acceptance a batch of this size plausibly has (the population's plus two
-standard deviations of a mean of that many requests): at a large batch where every setting loses
+standard deviations of a mean of that many requests, measured or the largest possible, or one
+request's full range over the batch size, whichever is larger): at a large batch where every setting loses
 at any such acceptance, probes stop (the wait keeps doubling, turnovers included, and at the
 longest wait the best setting is probed all the same); a batch of one request is probed as
 before, and a setting that could pay still is."""
@@ -46,6 +47,25 @@ def test_plausible_length_spans_one_request_and_narrows_with_the_batch() -> None
     assert chain.plausible_length(1, 1) == 2.0
 
 
+def test_a_measured_spread_narrows_the_plausible_length() -> None:
+    """Budget 8 accepting 1 or 3 drafts a request (standard deviation 1, measured over 16
+    steps) at 16 requests: two deviations of the mean are 0.5, not the 1.75 of the largest
+    possible spread; at one request the full range stays; one request accepting all 7 drafts
+    bounds it from below (7 / 16 at 16 requests)."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    for _ in range(15):
+        ctrl.observe(3, [1, 3] * 8)
+    assert ctrl.acceptance.spread(3) is None  # too few steps: the largest possible spread
+    assert ctrl.plausible_length(3, 16) == pytest.approx(3.0 + 7 / 4)
+    ctrl.observe(3, [1, 3] * 8)
+    assert ctrl.acceptance.spread(3) == pytest.approx(1.0)
+    assert ctrl.plausible_length(3, 16) == pytest.approx(3.0 + 0.5)
+    assert ctrl.plausible_length(3, 1) == 8.0
+    for _ in range(200):
+        ctrl.observe(3, [2] * 16)  # every request alike: the one-outlier term remains
+    assert ctrl.plausible_length(3, 16) == pytest.approx(3.0 + 7 / 16, abs=0.05)
+
+
 def test_no_probes_at_a_large_batch_where_nothing_could_pay() -> None:
     """Budget n costs 1 + n plain steps at 32 requests: at ~2 accepted tokens a request none
     comes near paying; calibrated once, the settings are then probed only at the longest
@@ -64,10 +84,12 @@ def test_no_probes_at_a_large_batch_where_nothing_could_pay() -> None:
 
 
 def test_a_setting_that_could_pay_is_still_probed() -> None:
-    """At 4 requests budget 2 costs 1.2 plain steps: at up to 2 tokens a request it could pay,
-    so turnovers still probe it, as without the rule."""
+    """At 4 requests budget 2 costs 1.1 plain steps: it pays at 1.25 tokens a request, which a
+    batch plausibly reaches if one new request accepts its draft while the others accept none
+    (every request measured so far accepted alike: no measured spread), so turnovers still
+    probe it, as without the rule."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
-    cost = lambda k: 1.2 if k == 1 else (1 + BUDGETS[k] if k else 1)  # noqa: E731
+    cost = lambda k: 1.1 if k == 1 else (1 + BUDGETS[k] if k else 1)  # noqa: E731
     serve(ctrl, 4, 300, cost)
     ctrl.acceptance.estimates[1] = 0.0  # the batch now accepts nothing: off
     ks = serve(ctrl, 4, 600, cost, turnover_every=40)

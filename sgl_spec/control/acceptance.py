@@ -40,7 +40,8 @@ class AcceptanceModel(Protocol):
 
     def spread(self, k: int) -> float | None:
         """The standard deviation of one request's accepted drafts in a step at setting k over
-        the requests served so far, or None before ``SPREAD_MIN_STEPS`` steps observed it."""
+        the recent requests served (``RequestSpread``), or None before ``SPREAD_MIN_STEPS``
+        steps observed it."""
         ...
 
     def renew(self, share: float) -> None:

@@ -13,7 +13,8 @@ from sgl_spec.control.cost_model import StepCost
 from sgl_spec.control.step_times import StepTimes
 
 # The bound on T(k) from the ratio of extra costs at a smaller batch (``tau_bound``) allows for
-# that ratio to come out this much smaller at the larger batch (noise in four step times).
+# that ratio to come out this much smaller at the larger batch (noise in the five step times
+# it is read from).
 SHAPE_SLACK = 1.5
 
 
@@ -40,14 +41,19 @@ def tau_bound(times: StepTimes, cost: StepCost, batch_size: int, k: int, t0: flo
     return tau
 
 
-def cheaper_first(times: StepTimes, batch_size: int, k: int) -> int:
+def cheaper_first(times: StepTimes, cost: StepCost, batch_size: int, k: int) -> int:
     """The smallest setting i < k not measured at this batch size whose time, once measured,
-    bounds T(k) by how the two compared at a smaller batch (``tau_bound``), else k: a probe of
-    i costs less than one of k, and may show that k is not worth one."""
+    bounds T(k) more tightly than T(k) >= T(i) by how the two compared at a smaller batch
+    (``tau_bound``: their extra costs' ratio there, capped at their extra tokens', above
+    ``SHAPE_SLACK``), else k: a probe of i costs less than one of k, and may show that k is not
+    worth one."""
+    base = cost.tokens_per_step(0)
     for i in range(1, k):
-        if times.get(batch_size, i) is None and (
-            times.extra_ratio_from_smaller_batch(batch_size, i, k) is not None
-        ):
+        if times.get(batch_size, i) is not None:
+            continue
+        ratio = times.extra_ratio_from_smaller_batch(batch_size, i, k)
+        tokens = (cost.tokens_per_step(k) - base) / (cost.tokens_per_step(i) - base)
+        if ratio is not None and min(ratio, tokens) > SHAPE_SLACK:
             return i
     return k
 

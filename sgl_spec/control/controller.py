@@ -55,8 +55,8 @@ class Decision:
     ``gamma``: tokens per request of the verify forward; ``tau`` = τ(gamma); ``lam``: predicted
     acceptance length; ``explore``: a k tried only to refresh an estimate. ``source``: where τ
     came from: "measured" (served step times, τ = T(0)/T(k)), "table" (the γ table), "bound"
-    (T(k) not measured yet: the smallest measured τ(j), j <= k, here or at the nearest smaller
-    batch size, an upper bound), "prior" (nothing known, τ = 1), "calibrate" (k = 0 for T(0))."""
+    (T(k) not measured yet: an upper bound from the times measured here and at smaller batch
+    sizes, ``bounds.tau_bound``), "prior" (nothing known, τ = 1), "calibrate" (k = 0 for T(0))."""
 
     k: int
     predicted_speedup: float
@@ -225,7 +225,7 @@ class SpeculationController:
             candidates = plausible or candidates
         explore = max(candidates, key=lambda d: d.predicted_speedup)
         if explore.source == "bound":
-            first = cheaper_first(self.times, batch_size, explore.k)
+            first = cheaper_first(self.times, self.cost, batch_size, explore.k)
             if first != explore.k:
                 explore = self.predict(first, batch_size, ctx_len)
         # a setting not measured here: priced from its bound, probed until measured (a probe
@@ -255,8 +255,9 @@ class SpeculationController:
 
     def _calibration_step(self, batch_size: int, ctx_len: int) -> Decision | None:
         """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
-        increasing order (a probe long enough to be measured) unless the bound from the smaller
-        k already rules it out."""
+        increasing order (a probe long enough to be measured) unless its bound already rules it
+        out -- or first a cheaper one whose time would tighten that bound
+        (``bounds.cheaper_first``)."""
         if self.times.get(batch_size, 0) is None or (
             self.config.warmup_steps and self.times.count(batch_size, 0) < self.times.window
         ):
@@ -267,10 +268,10 @@ class SpeculationController:
                     continue
                 bound = self.predict(k, batch_size, ctx_len)
                 if bound.predicted_speedup <= 1.0 + self.config.margin:
-                    continue  # cannot pay even if it cost no more than the last measured k
+                    continue  # cannot pay even at its bound (``bounds.tau_bound``)
                 if self.config.plausible_probes and not self.could_pay(bound, batch_size):
                     continue  # nor at any acceptance this batch plausibly has
-                first = cheaper_first(self.times, batch_size, k)
+                first = cheaper_first(self.times, self.cost, batch_size, k)
                 if first != k:
                     bound = self.predict(first, batch_size, ctx_len)
                 steps = self._steps_to_measure(batch_size, first)

@@ -100,8 +100,9 @@ class StepTimes:
 
     def extra_ratio_from_smaller_batch(self, batch_size: int, j: int, k: int) -> float | None:
         """(T(k) - T(0)) / (T(j) - T(0)), j < k, of the nearest smaller batch-size bucket where
-        the three are measured and setting j costs visibly more than a plain step there
-        (``SIGNIFICANT_EXTRA``; else the ratio is mostly noise); at least 1 (T(k) >= T(j)).
+        the three are measured, at least 1 (T(k) >= T(j)); None if there is none, or if setting j
+        costs less than ``SIGNIFICANT_EXTRA`` more than a plain step there (the ratio would be
+        mostly noise; a farther bucket, with less idle compute still, says less).
 
         How much more setting k costs than j, over what j costs more than a plain step, does
         not fall as the batch grows: at a small batch a fixed cost of drafting at all dominates

@@ -1,10 +1,10 @@
 """sgl_spec.control.controller: ``plausible_probes``. While off, a setting is probed only if it
 could pay at the acceptance a batch of this size plausibly has (the population's plus two
-standard deviations of a mean of that many requests, measured or the largest possible, or one
-request's full range over the batch size, whichever is larger): at a large batch where every setting loses
-at any such acceptance, probes stop (the wait keeps doubling, turnovers included, and at the
-longest wait the best setting is probed all the same); a batch of one request is probed as
-before, and a setting that could pay still is."""
+standard deviations of a mean of that many requests, measured or the largest possible, or
+one request's full range over the batch size, whichever is larger): at a large batch where
+every setting loses at any such acceptance, probes stop (the wait keeps doubling, turnovers
+included, and at the longest wait the best setting is probed all the same); a batch of one
+request is probed as before, and a setting that could pay still is."""
 
 from __future__ import annotations
 

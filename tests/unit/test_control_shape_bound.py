@@ -1,6 +1,6 @@
 """sgl_spec.control: the bound on an unmeasured setting's step time from how the settings' extra
 costs compared at a smaller batch (``StepTimes.extra_ratio_from_smaller_batch``, used by
-``SpeculationController._tau_bound``). At 16 requests on the 2-vCPU host, budget 2 cost 3x a
+``bounds.tau_bound``). At 16 requests on the 2-vCPU host, budget 2 cost 3x a
 plain step and budget 8 6-7x; with only "T(8) >= T(2)" to go by, budget 8 looked as if it could
 pay and was probed at every new wave of requests, 3 steps of ~6 plain steps each."""
 
@@ -88,3 +88,33 @@ def test_measured_times_take_over_from_the_bound() -> None:
     decision = ctrl.predict(3, 16, 256)
     assert decision.source == "measured"
     assert decision.tau == pytest.approx(0.025 / 0.031)
+
+
+def test_a_cheaper_setting_is_calibrated_first_where_it_would_bound_a_dearer_one() -> None:
+    """At 16 requests only τ(8 nodes) <= its value at 8 requests bounds budget 8 (plausibly
+    paying there), while budget 2 alone could not pay: calibration measures budget 2 first,
+    whose time then bounds budget 8 by the extra-cost shape at 8 requests, and budget 8 is not
+    probed. Where that shape is near 1 (a fixed cost of drafting at all), budget 2's time could
+    not tighten the bound, and budget 8 is calibrated directly."""
+    accepted = {1: 1, 2: 1, 3: 4}
+
+    def calibrated(shape_at_8: dict[int, float]) -> list[int]:
+        ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+        served(ctrl, 8, shape_at_8, accepted)
+        served(ctrl, 16, {0: 0.025}, accepted)
+        for _ in range(ctrl.times.window):  # T(0) counts as measured after a full window
+            ctrl.times.update(16, 0, 0.025)
+        ctrl.num_steps_seen = ctrl.config.warmup_steps
+        runs = []
+        for _ in range(12):
+            k = ctrl.choose_k(16, 256)
+            ctrl.observe_step(k, 16, {0: 0.025, 1: 0.080, 2: 0.110, 3: 0.160}[k])
+            if k:
+                ctrl.observe(k, [accepted[k]] * 16)
+            runs.append(k)
+        return runs
+
+    steep = calibrated({0: 0.010, 1: 0.020, 2: 0.023, 3: 0.040})  # budget 8's extra 3x budget 2's
+    assert steep[:3] == [1, 1, 1] and 3 not in steep
+    flat = calibrated({0: 0.010, 1: 0.020, 2: 0.021, 3: 0.022})  # 1.2x: a fixed cost
+    assert 3 in flat[:3] and 1 not in flat[:3]

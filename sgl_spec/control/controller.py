@@ -225,7 +225,7 @@ class SpeculationController:
             candidates = plausible or candidates
         explore = max(candidates, key=lambda d: d.predicted_speedup)
         if explore.source == "bound":
-            first = cheaper_first(self.times, self.cost, batch_size, explore.k)
+            first = cheaper_first(self.times, batch_size, explore.k)
             if first != explore.k:
                 explore = self.predict(first, batch_size, ctx_len)
         # a setting not measured here: priced from its bound, probed until measured (a probe
@@ -271,7 +271,7 @@ class SpeculationController:
                     continue  # cannot pay even at its bound (``bounds.tau_bound``)
                 if self.config.plausible_probes and not self.could_pay(bound, batch_size):
                     continue  # nor at any acceptance this batch plausibly has
-                first = cheaper_first(self.times, self.cost, batch_size, k)
+                first = cheaper_first(self.times, batch_size, k)
                 if first != k:
                     bound = self.predict(first, batch_size, ctx_len)
                 steps = self._steps_to_measure(batch_size, first)

@@ -94,8 +94,7 @@ def test_a_cheaper_setting_is_calibrated_first_where_it_would_bound_a_dearer_one
     """At 16 requests only τ(8 nodes) <= its value at 8 requests bounds budget 8 (plausibly
     paying there), while budget 2 alone could not pay: calibration measures budget 2 first,
     whose time then bounds budget 8 by the extra-cost shape at 8 requests, and budget 8 is not
-    probed. Where that shape is near 1 (a fixed cost of drafting at all), budget 2's time could
-    not tighten the bound, and budget 8 is calibrated directly."""
+    probed."""
     accepted = {1: 1, 2: 1, 3: 4}
 
     def calibrated(shape_at_8: dict[int, float]) -> list[int]:
@@ -114,7 +113,11 @@ def test_a_cheaper_setting_is_calibrated_first_where_it_would_bound_a_dearer_one
             runs.append(k)
         return runs
 
-    steep = calibrated({0: 0.010, 1: 0.020, 2: 0.023, 3: 0.040})  # budget 8's extra 3x budget 2's
-    assert steep[:3] == [1, 1, 1] and 3 not in steep
-    flat = calibrated({0: 0.010, 1: 0.020, 2: 0.021, 3: 0.022})  # 1.2x: a fixed cost
-    assert 3 in flat[:3] and 1 not in flat[:3]
+    runs = calibrated({0: 0.010, 1: 0.020, 2: 0.023, 3: 0.040})  # budget 8's extra 3x budget 2's
+    assert runs[:3] == [1, 1, 1] and 3 not in runs
+    # without the rule budget 8 would be calibrated first: its bound alone could pay
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    served(ctrl, 8, {0: 0.010, 1: 0.020, 2: 0.023, 3: 0.040}, accepted)
+    served(ctrl, 16, {0: 0.025}, accepted)
+    assert ctrl.predict(3, 16, 256).predicted_speedup > 1.0 + ctrl.config.margin
+    assert ctrl.predict(1, 16, 256).predicted_speedup <= 1.0 + ctrl.config.margin

@@ -46,7 +46,7 @@ def cheaper_first(times: StepTimes, batch_size: int, k: int) -> int:
     bounds T(k) by how the two compared at a smaller batch (``tau_bound``), else k: a probe of
     i costs less than one of k, and may show that k is not worth one. Also where that ratio is
     near 1 (a bound no tighter than T(k) >= T(i)): probing only where it exceeded the slack
-    served 0.87x `none` at 16 requests against 0.95x for this rule (RESULTS.md, 2026-12-04)."""
+    served slower at 16 requests (RESULTS.md, 2026-12-04)."""
     for i in range(1, k):
         if times.get(batch_size, i) is None and (
             times.extra_ratio_from_smaller_batch(batch_size, i, k) is not None

@@ -251,10 +251,9 @@ class BudgetAcceptance:
         if not seen:
             return
         means = {k: sum(observed[k]) / len(observed[k]) for k in seen}
-        for k in seen:
-            self.spreads.observe(k, observed[k])
         factor = None
         for k in seen:
+            self.spreads.observe(k, observed[k])
             moved = self._update(k, means[k], len(observed[k]))
             if moved is not None:
                 factor = moved

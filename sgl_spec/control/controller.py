@@ -225,9 +225,7 @@ class SpeculationController:
             candidates = plausible or candidates
         explore = max(candidates, key=lambda d: d.predicted_speedup)
         if explore.source == "bound":
-            first = cheaper_first(self.times, batch_size, explore.k)
-            if first != explore.k:
-                explore = self.predict(first, batch_size, ctx_len)
+            explore = self._measure_first(explore, batch_size, ctx_len)
         # a setting not measured here: priced from its bound, probed until measured (a probe
         # that leaves speculation off doubles the wait for the next one, below)
         steps = max(self._steps_to_measure(batch_size, explore.k), self.config.probe_steps)
@@ -271,12 +269,16 @@ class SpeculationController:
                     continue  # cannot pay even at its bound (``bounds.tau_bound``)
                 if self.config.plausible_probes and not self.could_pay(bound, batch_size):
                     continue  # nor at any acceptance this batch plausibly has
-                first = cheaper_first(self.times, batch_size, k)
-                if first != k:
-                    bound = self.predict(first, batch_size, ctx_len)
-                steps = self._steps_to_measure(batch_size, first)
-                return self._start_probe(bound, batch_size, steps)
+                probe = self._measure_first(bound, batch_size, ctx_len)
+                steps = self._steps_to_measure(batch_size, probe.k)
+                return self._start_probe(probe, batch_size, steps)
         return None
+
+    def _measure_first(self, decision: Decision, batch_size: int, ctx_len: int) -> Decision:
+        """``decision``, or the cheaper setting whose time would bound its one
+        (``bounds.cheaper_first``), to probe first."""
+        first = cheaper_first(self.times, batch_size, decision.k)
+        return decision if first == decision.k else self.predict(first, batch_size, ctx_len)
 
     def _steps_to_measure(self, batch_size: int, k: int) -> int:
         """Steps of a probe of k that measure T(k): its first is not timed with steady times."""

@@ -90,9 +90,7 @@ class StepTimes:
         τ does not rise with batch size (a larger batch leaves less idle compute for the extra
         tokens, seed paper §4.1), so this bounds τ(k) of ``batch_size``'s bucket from above
         before that bucket has measured k itself."""
-        bucket = batch_bucket(batch_size)
-        below = sorted({b for b, j in self._samples if j == k and b < bucket}, reverse=True)
-        for b in below:
+        for b in self._smaller_buckets(batch_size, k):
             t0, tk = self._get_bucket(b, 0), self._get_bucket(b, k)
             if t0 is not None and tk is not None:
                 return t0 / tk
@@ -109,9 +107,7 @@ class StepTimes:
         both (the ratio is near 1), at a large one the work per drafted token (the ratio
         approaches that of their tokens). ``SpeculationController`` bounds T(k) of a bucket that
         measured j but not k with it."""
-        bucket = batch_bucket(batch_size)
-        below = sorted({b for b, i in self._samples if i == k and b < bucket}, reverse=True)
-        for b in below:
+        for b in self._smaller_buckets(batch_size, k):
             t0, tj, tk = (self._get_bucket(b, i) for i in (0, j, k))
             if t0 is None or tj is None or tk is None:
                 continue
@@ -119,6 +115,11 @@ class StepTimes:
                 return None
             return max(1.0, (tk - t0) / (tj - t0))
         return None
+
+    def _smaller_buckets(self, batch_size: int, k: int) -> list[int]:
+        """The buckets below ``batch_size``'s with samples of setting k, nearest first."""
+        bucket = batch_bucket(batch_size)
+        return sorted({b for b, i in self._samples if i == k and b < bucket}, reverse=True)
 
     def _get_bucket(self, bucket: int, k: int) -> float | None:
         if self._counts.get((bucket, k), 0) < self.min_samples:

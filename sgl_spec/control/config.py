@@ -15,8 +15,7 @@ from sgl_spec.control.probes import served_budget
 # a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``. At a large batch,
 # where a verify of several tokens per request costs several plain steps, probes of settings
 # that could not pay at the batch's plausible acceptance cost that much for nothing (MTP_LORA
-# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes`` (STANDALONE_FULL turns
-# it off: its catch-up after a wait grows with the wait, ``standalone/control.py``).
+# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes``.
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
                  "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
                  "probe_budget": served_budget(), "plausible_probes": True}  # fmt: skip
@@ -26,8 +25,8 @@ SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
 # the length in use are never verified, so while speculating the other lengths are probed every
 # 32 steps (else one request of poor deep acceptance pins a short chain for good). The first
 # step after a switch of length costs more than the next ones, hence ``steady_times``
-# (STANDALONE_FULL turns it off: its switch on is its draft model's catch-up, a cost of the
-# setting).
+# (STANDALONE_FULL turns it off: its switch's extra is its draft model's catch-up, which it
+# leaves out of the step's time, ``standalone/control.py``).
 CHAIN_TUNING = {**SERVED_TUNING, "probe_on_turnover": True, "probe_others_every": 32,
                 "steady_times": True}  # fmt: skip
 

@@ -37,13 +37,11 @@ class StepsPolicy(ChainSteps):
         if mode not in ("auto", "cycle", "off"):
             raise ValueError(f"--standalone-steps {mode!r} has no policy")
         # The first drafted step after plain ones also runs the draft model over the tokens it
-        # deferred (``catch_up.py``): a cost of switching on that T(k) must carry, so every
-        # step is timed, the steps after a switch included. That cost grows with the plain
-        # steps before it, so T(k) measured after a long wait says little about a probe sooner:
-        # probes are not held back by it (``plausible_probes``, whose growing wait grew it).
-        super().__init__(
-            mode, max_steps, "--standalone-steps", steady_times=False, plausible_probes=False
-        )
+        # deferred (``catch_up.py``): a one-off cost of switching on that grows with the wait
+        # before it, left out of that step's time (``ControlledStandaloneWorker``), so that
+        # T(k) is what drafting costs per step however long it was off; the rest of that step
+        # is timed like the steps after it (no ``steady_times``: no extra probe step).
+        super().__init__(mode, max_steps, "--standalone-steps", steady_times=False)
         self._active = max_steps  # SGLang's active runtime state (the launch's at first)
         self._cuda_graph_bs: list[int] | None = None
 
@@ -128,11 +126,18 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
             )
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        if not (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
-            if not batch.forward_mode.is_idle() and batch.reqs:
-                if self._choose(batch) == 0:
-                    return self._plain_step(batch)
-        return super().forward_batch_generation(batch, *args, **kwargs)
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch)
+        if decode and not batch.forward_mode.is_idle() and batch.reqs:
+            if self._choose(batch) == 0:
+                return self._plain_step(batch)
+        result = super().forward_batch_generation(batch, *args, **kwargs)
+        controller = self.policy.controller
+        if decode and controller is not None and self._draft_worker.catch_up_s > 0:
+            # the draft reading what it deferred while off is the switch's cost, not a cost
+            # of every step at this length (it grows with the wait before it)
+            self._clock.exclude(self._draft_worker.catch_up_s)
+            controller.prices.switched(self._draft_worker.catch_up_s)
+        return result
 
     def _plain_step(self, batch: Any) -> Any:
         """A step without drafts, as a non-speculative server runs it (``common/plain_step``:

@@ -87,6 +87,8 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         super().__init__(*args, **kwargs)
         # (start, end) of the last draft() awaiting its verify and draft extend
         self._draft_span: tuple[float, float] | None = None
+        # seconds the last draft() spent reading tokens deferred by steps without drafts
+        self.catch_up_s = 0.0
         server_args = self.server_args
         wanted = getattr(server_args, "enable_metrics", False) or str(
             server_args.device
@@ -241,8 +243,10 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             return super().draft(batch, with_topology=with_topology)
         tic = time.perf_counter()
         draft_input: EagleDraftInput = batch.spec_info
+        self.catch_up_s = 0.0
         if catch_up.any_behind(batch.reqs):  # after steps without drafts
             self._catch_up(batch, batch.seq_lens, draft_input.bonus_tokens, draft_input)
+            self.catch_up_s = time.perf_counter() - tic
         elif catch_up.any_pending(batch.reqs):  # fresh from prefill: the bonus token alone
             self._draft_bonus(batch, draft_input)
         shift_seq_lens(batch, 1)

@@ -46,17 +46,55 @@ def test_bad_policy_settings_are_refused(mode: str, steps: int) -> None:
         StepsPolicy(mode, steps)
 
 
-def test_auto_times_the_steps_after_a_switch_where_the_draft_model_catches_up() -> None:
+def test_auto_times_the_steps_after_a_switch_without_the_draft_models_catch_up() -> None:
     """STANDALONE's first drafted step after plain ones runs the deferred draft forwards, a
-    cost of switching on: its controller times every step, and, that cost growing with the wait,
-    does not hold probes back to plausible payers; MINEDRAFT's (the draft server kept caught up
-    while plain) times only steps that follow their own setting and does."""
+    one-off cost of switching on that grows with the wait: its controller times every step, that
+    one less its catch-up, and so holds probes to plausible payers like the others; MINEDRAFT's
+    (the draft server kept caught up while plain) times only steps after their own setting."""
     from sgl_spec.control.chain_steps import ChainSteps
 
     assert StepsPolicy("auto", 3).controller.config.steady_times is False
     assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.steady_times is True
-    assert StepsPolicy("auto", 3).controller.config.plausible_probes is False
-    assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.plausible_probes is True
+    assert StepsPolicy("auto", 3).controller.config.plausible_probes is True
+
+
+def test_a_drafted_steps_catch_up_is_left_out_of_its_time(monkeypatch) -> None:
+    """The seconds the draft spent catching up are taken off the step's measured time and
+    counted as the switch's cost; a plain step and a step without catch-up are timed whole."""
+    from sgl_spec.control.step_times import StepClock
+    from sgl_spec.standalone import control
+
+    monkeypatch.setattr(
+        control.standalone_worker_v2.StandaloneWorkerV2,
+        "forward_batch_generation",
+        lambda self, batch, *a, **k: "drafted",
+    )
+    worker = control.ControlledStandaloneWorker.__new__(control.ControlledStandaloneWorker)
+    worker.policy = StepsPolicy("auto", 3)
+    worker._clock = StepClock()
+    worker._draft_worker = SimpleNamespace(catch_up_s=0.25)
+    switched: list[float] = []
+    monkeypatch.setattr(worker.policy.controller.prices, "switched", switched.append)
+    monkeypatch.setattr(worker, "_plain_step", lambda batch: "plain")
+    mode = SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False)
+    batch = SimpleNamespace(forward_mode=mode, is_extend_in_batch=False, reqs=[object()])
+
+    def step(k: int, start: float) -> str:
+        def choose(batch: object) -> int:
+            worker._clock.tick(("r",), start)
+            worker._clock.chosen(k, 1)
+            return k
+
+        monkeypatch.setattr(worker, "_choose", choose)
+        return worker.forward_batch_generation(batch)
+
+    assert step(0, 10.0) == "plain"
+    assert worker._clock._last[0] == 10.0 and not switched  # a plain step: timed whole
+    assert step(2, 11.0) == "drafted"
+    assert worker._clock._last[0] == pytest.approx(11.25) and switched == [0.25]
+    worker._draft_worker.catch_up_s = 0.0
+    assert step(2, 12.0) == "drafted"
+    assert worker._clock._last[0] == 12.0 and switched == [0.25]
 
 
 def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> None:

@@ -8,6 +8,7 @@ or a draft-server process).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,13 @@ class TargetWrappingWorker(BaseSpecWorker):
         """SGLang's entry point: a prefill (EXTEND) or a speculative decode step (DECODE)."""
         del kwargs
         if batch.forward_mode.is_extend():
-            return self.forward_prefill(batch)
+            tic = time.perf_counter()
+            result = self.forward_prefill(batch)
+            if self.controller is not None:
+                # each request's prefill costs the same whatever setting the decode steps ran:
+                # left out of the decode step it follows, timed up to the next one (``StepClock``)
+                self._clock.exclude(time.perf_counter() - tic)
+            return result
         if batch.forward_mode.is_decode():
             return self.forward_decode(batch)
         raise RuntimeError(

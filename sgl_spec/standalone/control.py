@@ -130,8 +130,14 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
         if decode and not batch.forward_mode.is_idle() and batch.reqs:
             if self._choose(batch) == 0:
                 return self._plain_step(batch)
+        tic = time.perf_counter()
         result = super().forward_batch_generation(batch, *args, **kwargs)
         controller = self.policy.controller
+        if not decode and controller is not None:
+            # a prefill between two decode steps: the same work whatever length the steps ran
+            # (each request is prefilled once), so it is left out of the step it follows,
+            # which is timed up to the next decode step (``time_batch_changes``)
+            self._clock.exclude(time.perf_counter() - tic)
         if decode and controller is not None and self._draft_worker.catch_up_s > 0:
             # the draft reading what it deferred while off is the switch's cost, not a cost
             # of every step at this length (it grows with the wait before it)

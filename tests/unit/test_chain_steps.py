@@ -114,3 +114,36 @@ def test_auto_prices_the_steps_after_a_join_at_high_concurrency() -> None:
     _, plain = serve_turning_over(ChainSteps("off", 3, "--minedraft-steps"), join_cost=0.0)
     assert sum(chosen[-1000:]) / 1000 > 1.5
     assert rate > 1.2 * plain
+
+
+def test_a_prefill_is_left_out_of_the_decode_step_before_it(monkeypatch) -> None:
+    """Our workers time a decode step up to the next one (MINEDRAFT's chain across batch
+    changes); a prefill run between them costs the same whatever setting the steps ran, so it
+    is left out of the step it follows -- where a controller times steps at all."""
+    from types import SimpleNamespace
+
+    from sgl_spec.common import worker as worker_module
+
+    now = [10.0]
+    monkeypatch.setattr(worker_module.time, "perf_counter", lambda: now[0])
+
+    class Worker(worker_module.TargetWrappingWorker):
+        name = "TEST"
+
+        def forward_prefill(self, batch: object) -> str:
+            now[0] += 0.5
+            return "prefilled"
+
+    worker = Worker.__new__(Worker)
+    worker._target_worker = None
+    worker._clock = StepClock()
+    worker.controller = steps_controller(3)
+    worker._clock.tick(("a",), 10.0)
+    worker._clock.chosen(2, 1)
+    extend = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True))
+    assert worker.forward_batch_generation(extend) == "prefilled"
+    assert worker._clock.tick(("a", "b"), 10.7, across_changes=True) == (2, 1, pytest.approx(0.2))
+    worker.controller = None  # no controller (a fixed setting): nothing timed, nothing left out
+    worker._clock.tick(("a",), 11.0)
+    worker.forward_batch_generation(extend)
+    assert worker._clock.last_key == ("a",) and worker._clock._last[0] == 11.0

@@ -60,7 +60,8 @@ def test_auto_times_the_steps_after_a_switch_without_the_draft_models_catch_up()
 
 def test_a_drafted_steps_catch_up_is_left_out_of_its_time(monkeypatch) -> None:
     """The seconds the draft spent catching up are taken off the step's measured time and
-    counted as the switch's cost; a plain step and a step without catch-up are timed whole."""
+    counted as the switch's cost; a plain step and a step without catch-up are timed whole; a
+    prefill between two decode steps is left out of the one before it."""
     from sgl_spec.control.step_times import StepClock
     from sgl_spec.standalone import control
 
@@ -95,6 +96,21 @@ def test_a_drafted_steps_catch_up_is_left_out_of_its_time(monkeypatch) -> None:
     worker._draft_worker.catch_up_s = 0.0
     assert step(2, 12.0) == "drafted"
     assert worker._clock._last[0] == 12.0 and switched == [0.25]
+    # a prefill after it: each request's once whatever the lengths, left out of that step
+    now = [100.0]
+    monkeypatch.setattr(control.time, "perf_counter", lambda: now[0])
+
+    def prefill(self, batch, *args, **kwargs) -> str:
+        now[0] += 0.5
+        return "prefilled"
+
+    monkeypatch.setattr(
+        control.standalone_worker_v2.StandaloneWorkerV2, "forward_batch_generation", prefill
+    )
+    extend_mode = SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False)
+    extend = SimpleNamespace(forward_mode=extend_mode, is_extend_in_batch=True, reqs=[object()])
+    assert worker.forward_batch_generation(extend) == "prefilled"
+    assert worker._clock._last[0] == pytest.approx(12.5) and switched == [0.25]
 
 
 def test_auto_measures_plain_steps_first_then_follows_acceptance_and_cost() -> None:

@@ -239,11 +239,11 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
     def draft(self, batch, *, with_topology: bool = False):
         """EAGLE's draft loop, run one position later: the bonus token is already in the draft's
         KV, so the drafts go to positions ``seq_len + 1 ...``. Verify sees the unshifted batch."""
+        self.catch_up_s = 0.0
         if batch.forward_mode.is_idle():
             return super().draft(batch, with_topology=with_topology)
         tic = time.perf_counter()
         draft_input: EagleDraftInput = batch.spec_info
-        self.catch_up_s = 0.0
         if catch_up.any_behind(batch.reqs):  # after steps without drafts
             self._catch_up(batch, batch.seq_lens, draft_input.bonus_tokens, draft_input)
             self.catch_up_s = time.perf_counter() - tic

@@ -56,6 +56,7 @@ def test_auto_times_the_steps_after_a_switch_without_the_draft_models_catch_up()
     assert StepsPolicy("auto", 3).controller.config.steady_times is False
     assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.steady_times is True
     assert StepsPolicy("auto", 3).controller.config.plausible_probes is True
+    assert ChainSteps("auto", 3, "--minedraft-steps").controller.config.plausible_probes is True
 
 
 def test_a_drafted_steps_catch_up_is_left_out_of_its_time(monkeypatch) -> None:

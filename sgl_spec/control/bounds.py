@@ -23,7 +23,9 @@ def tau_bound(times: StepTimes, cost: StepCost, batch_size: int, k: int, t0: flo
     for every j < k, so τ(k) <= τ(j) for every j <= k known here or, not yet measured here, at
     a smaller batch size; and where j is measured here, T(k) - T(0) is at least (T(j) - T(0))
     times their ratio at a smaller batch (``StepTimes.extra_ratio_from_smaller_batch``), up to
-    the ratio of their extra tokens, over ``SHAPE_SLACK``. The tightest bound counts."""
+    the ratio of their extra tokens, over ``SHAPE_SLACK``. A setting j <= k that a probe has
+    begun to measure here bounds it by its first samples (``StepTimes.provisional``: T(k) >=
+    T(j), a probe's evidence before it counts as measured). The tightest bound counts."""
     tau = 1.0
     base = cost.tokens_per_step(0)
     for j in range(1, k + 1):
@@ -38,6 +40,10 @@ def tau_bound(times: StepTimes, cost: StepCost, batch_size: int, k: int, t0: flo
             tokens = (cost.tokens_per_step(k) - base) / (cost.tokens_per_step(j) - base)
             least = t0 + (tj - t0) * min(ratio, tokens) / SHAPE_SLACK
             tau = min(tau, t0 / least)
+    for j in range(1, k + 1):
+        early = times.provisional(batch_size, j)
+        if early is not None:
+            tau = min(tau, t0 / early)
     return tau
 
 

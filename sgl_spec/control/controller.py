@@ -113,7 +113,7 @@ class SpeculationController:
         self._implausible = False  # the last probe due found no setting that could pay
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
         self._probed_batch_size = 0  # at the last probe
-        self._probe: tuple[int, int] | None = None  # (k, steps left)
+        self._probe: tuple[int, int, int] | None = None  # (k, steps left, the k it is for)
         self.prices = ProbePrices(self.config.probe_budget, self.config.probe_steps)  # validates
         self._since_probe = 0  # decisions since the last probe started
         self._priced_wait = 0  # the least wait after it, as last priced
@@ -168,9 +168,12 @@ class SpeculationController:
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
         self._since_probe += 1
         if self._probe is not None:
-            k, left = self._probe
-            self._probe = (k, left - 1) if left > 1 else None
-            return replace(self.predict(k, batch_size, ctx_len), explore=True)
+            k, left, target = self._probe
+            if self._ruled_out(k, target, batch_size, ctx_len):
+                self._probe = None  # what it measured so far: the setting cannot pay here
+            else:
+                self._probe = (k, left - 1, target) if left > 1 else None
+                return replace(self.predict(k, batch_size, ctx_len), explore=True)
         if self.calibrating:
             if self.num_steps_seen < self.config.warmup_steps:
                 return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
@@ -188,7 +191,7 @@ class SpeculationController:
             if self.calibrating and refresh and self.num_steps_on % (refresh + 1) == 0:
                 # refresh T(0) with plain steps; speculation stays on
                 if self.config.steady_times and self.config.probe_steps > 1:
-                    self._probe = (0, self.config.probe_steps - 1)
+                    self._probe = (0, self.config.probe_steps - 1, 0)
                 return replace(self.predict(0, batch_size, ctx_len), explore=True)
             others = self.config.probe_others_every
             if others and self.num_steps_on % others == 0:
@@ -224,6 +227,7 @@ class SpeculationController:
                 return None
             candidates = plausible or candidates
         explore = max(candidates, key=lambda d: d.predicted_speedup)
+        target = explore.k
         if explore.source == "bound":
             explore = self._measure_first(explore, batch_size, ctx_len)
         # a setting not measured here: priced from its bound, probed until measured (a probe
@@ -237,7 +241,7 @@ class SpeculationController:
         if not self._implausible:
             self._backoff = min(2 * self._backoff, MAX_EXPLORE_BACKOFF)
         self.prices.opened(explore.k, steps)
-        return self._start_probe(explore, batch_size, steps)
+        return self._start_probe(explore, batch_size, steps, target)
 
     def plausible_length(self, k: int, batch_size: int) -> float:
         """``bounds.plausible_length`` of this controller's acceptance model."""
@@ -250,6 +254,18 @@ class SpeculationController:
             return True
         lam = self.plausible_length(decision.k, batch_size)
         return decision.tau * lam > 1.0 + self.config.margin
+
+    def _ruled_out(self, k: int, target: int, batch_size: int, ctx_len: int) -> bool:
+        """With ``plausible_probes``, whether a probe of k for setting ``target`` > 0 ends
+        early: its first samples at this batch size (``StepTimes.provisional``) show that
+        ``target`` cannot pay at the batch's plausible acceptance. Nothing else ends one: a
+        step or two of acceptance says little, and a probe carried into a larger batch
+        measures that batch's times (RESULTS.md, 2026-12-04)."""
+        if target == 0 or not self.config.plausible_probes:
+            return False
+        if self.times.provisional(batch_size, k) is None:
+            return False
+        return not self.could_pay(self.predict(target, batch_size, ctx_len), batch_size)
 
     def _calibration_step(self, batch_size: int, ctx_len: int) -> Decision | None:
         """k = 0 until T(0) is measured in this bucket; then, without a table, each k > 0 in
@@ -271,7 +287,7 @@ class SpeculationController:
                     continue  # nor at any acceptance this batch plausibly has
                 probe = self._measure_first(bound, batch_size, ctx_len)
                 steps = self._steps_to_measure(batch_size, probe.k)
-                return self._start_probe(probe, batch_size, steps)
+                return self._start_probe(probe, batch_size, steps, k)
         return None
 
     def _measure_first(self, decision: Decision, batch_size: int, ctx_len: int) -> Decision:
@@ -303,15 +319,17 @@ class SpeculationController:
                 self._since_probe = 1 << 30
 
     def _start_probe(
-        self, decision: Decision, batch_size: int, steps: int | None = None
+        self, decision: Decision, batch_size: int, steps: int | None = None, target: int = -1
     ) -> Decision:
+        """Run ``decision``'s k for ``steps`` steps (at least ``probe_steps``), to measure
+        setting ``target`` (default: that k; a cheaper one may be measured first)."""
         self._joined, self._probed_batch_size = 0, batch_size
         self._since_probe = 0
         if self.num_steps_on == 0:  # a probe while off re-measures
             self.acceptance.reopen()
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
-            self._probe = (decision.k, steps - 1)
+            self._probe = (decision.k, steps - 1, decision.k if target < 0 else target)
         return replace(decision, explore=True)
 
     def choose_k(self, batch_size: int, ctx_len: int) -> int:

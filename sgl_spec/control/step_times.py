@@ -24,6 +24,9 @@ from typing import Any
 # The least share of T(0) by which a setting must cost more than a plain step for the ratio of
 # two settings' extra costs to be read (``StepTimes.extra_ratio_from_smaller_batch``).
 SIGNIFICANT_EXTRA = 0.1
+# The fewest steps a setting's samples must span before they stand for its time while it is
+# not measured yet (``StepTimes.provisional``): one 4-step sample of a draft chain.
+PROVISIONAL_STEPS = 4
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -80,6 +83,19 @@ class StepTimes:
 
     def get(self, batch_size: int, k: int) -> float | None:
         return self._get_bucket(batch_bucket(batch_size), k)
+
+    def provisional(self, batch_size: int, k: int) -> float | None:
+        """The least sample of (bucket, k) once it has ``PROVISIONAL_STEPS`` steps' worth but
+        fewer than ``min_samples`` samples (else None): what a probe has measured so far. Noise
+        only adds time, so it overstates the setting's cost while a burst lasts;
+        ``bounds.tau_bound`` takes it all the same, to end a probe that has already shown its
+        setting cannot pay. Samples of single steps never count: the first step after a
+        switch costs more than the next ones."""
+        key = (batch_bucket(batch_size), k)
+        count = self._counts.get(key, 0)
+        if count * self.chunk < PROVISIONAL_STEPS or count >= self.min_samples:
+            return None
+        return min(self._samples[key])
 
     def count(self, batch_size: int, k: int) -> int:
         return self._counts.get((batch_bucket(batch_size), k), 0)

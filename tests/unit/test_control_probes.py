@@ -154,9 +154,11 @@ def test_a_new_request_alone_is_probed_whatever_the_price() -> None:
 
 def test_a_setting_not_measured_yet_is_probed_until_measured_and_priced() -> None:
     """A budget not measured at this batch size is probed until its time is measured (one
-    probe, not one every 16 steps of two steps each, each with its switch), and its probe is
-    priced from its bound: at 16 requests where nothing pays, a fresh controller drafts on
-    6 of 600 steps (calibrating budget 2, then measuring budget 8), all measured."""
+    probe, not one every 16 steps of two steps each, each with its switch) or until what it
+    measured shows the budget cannot pay at a plausible acceptance, and its probe is priced
+    from its bound: at 16 requests where nothing pays, a fresh controller drafts on 6 of
+    600 steps (calibrating budget 2, then measuring budget 8; with samples of one step each,
+    ``StepTimes.provisional`` never ends SPECBLOCK's probes early)."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
     decide, chosen, counts = ctrl.decide, [], []
 
@@ -171,7 +173,9 @@ def test_a_setting_not_measured_yet_is_probed_until_measured_and_priced() -> Non
     serve_off(ctrl, 16, 600, turnover_every=0)
     drafted = [i for i, d in enumerate(chosen) if d.k]
     assert len(drafted) <= 6
-    for i in drafted:  # each probe of an unmeasured budget ends with its time measured
+    for i in drafted:  # each probe of an unmeasured budget ends measured or ruled out
         k = chosen[i].k
         if chosen[i].source == "bound" and i + 1 < len(chosen) and chosen[i + 1].k != k:
-            assert counts[i + 1][k] >= ctrl.times.min_samples
+            measured = counts[i + 1][k] >= ctrl.times.min_samples
+            ruled_out = not ctrl.could_pay(ctrl.predict(k, 16, 256), 16)
+            assert measured or ruled_out

@@ -29,6 +29,9 @@ def tau_bound(times: StepTimes, cost: StepCost, batch_size: int, k: int, t0: flo
     tau = 1.0
     base = cost.tokens_per_step(0)
     for j in range(1, k + 1):
+        early = times.provisional(batch_size, j)
+        if early is not None:
+            tau = min(tau, t0 / early)
         tj = times.get(batch_size, j) if j < k else None
         if tj is None:
             bound = times.tau_from_smaller_batch(batch_size, j)
@@ -40,10 +43,6 @@ def tau_bound(times: StepTimes, cost: StepCost, batch_size: int, k: int, t0: flo
             tokens = (cost.tokens_per_step(k) - base) / (cost.tokens_per_step(j) - base)
             least = t0 + (tj - t0) * min(ratio, tokens) / SHAPE_SLACK
             tau = min(tau, t0 / least)
-    for j in range(1, k + 1):
-        early = times.provisional(batch_size, j)
-        if early is not None:
-            tau = min(tau, t0 / early)
     return tau
 
 

@@ -319,7 +319,11 @@ class SpeculationController:
                 self._since_probe = 1 << 30
 
     def _start_probe(
-        self, decision: Decision, batch_size: int, steps: int | None = None, target: int = -1
+        self,
+        decision: Decision,
+        batch_size: int,
+        steps: int | None = None,
+        target: int | None = None,
     ) -> Decision:
         """Run ``decision``'s k for ``steps`` steps (at least ``probe_steps``), to measure
         setting ``target`` (default: that k; a cheaper one may be measured first)."""
@@ -329,7 +333,7 @@ class SpeculationController:
             self.acceptance.reopen()
         steps = max(steps or 0, self.config.probe_steps)
         if steps > 1:
-            self._probe = (decision.k, steps - 1, decision.k if target < 0 else target)
+            self._probe = (decision.k, steps - 1, decision.k if target is None else target)
         return replace(decision, explore=True)
 
     def choose_k(self, batch_size: int, ctx_len: int) -> int:

@@ -34,6 +34,7 @@ from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.budget import budget_controller
+from sgl_spec.control.controller import SpeculationController
 from sgl_spec.control.ranks import agreed_across_ranks
 from sgl_spec.patches.cpu_packed_linear import pack_linear_modules
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
@@ -99,6 +100,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         varied = settings.budget in ("auto", "cycle")
         self.budgets = settings.step_budgets()
         self._last_budget = self.budgets[0]  # of the last decode step (a fresh server's: plain)
+        self._last_batch_size = 0  # requests in the last decode step
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
         self.controller = agreed_across_ranks(
             budget_controller(self.budgets, settings.budget_drafts())
@@ -168,9 +170,23 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             reqs.shape[0], self.drafter.config.hidden_size, dtype=self.drafter_dtype,
             device=self.device,
         )  # fmt: skip
-        if self._last_budget == 1:
+        if not self._drafts_next(reqs.shape[0], seq_lens):
             return root_cond, pending
         return self._catch_up(reqs, seq_lens, pending, root_cond), torch.zeros_like(pending)
+
+    def _drafts_next(self, num_new: int, seq_lens: torch.Tensor) -> bool:
+        """Whether the decode step after a prefill of ``num_new`` requests is expected to draft:
+        the last one did, and the controller (where it decides alone, not for tensor-parallel
+        ranks that must agree) would draft at the batch they join. Else the prompts stay unread
+        until a step drafts for them: bench_serving's one warm-up request drafts, and the wave
+        after it would otherwise be read at its prefill though its steps run without drafts."""
+        if self._last_budget == 1:
+            return False
+        if not isinstance(self.controller, SpeculationController):
+            return True
+        batch_size = max(num_new, self._last_batch_size)
+        ctx = int(seq_lens.sum()) // max(num_new, 1)
+        return self.controller.best(batch_size, ctx).k > 0
 
     # ---- decode step -------------------------------------------------------------------------
 
@@ -264,6 +280,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             self.step_chosen(self._decision.k, len(seq_lens))
             k = self._decision.k
         self._last_budget = self.budgets[k]
+        self._last_batch_size = len(seq_lens)
         return k
 
     def _observed_budgets(

@@ -1,0 +1,57 @@
+"""SPECBLOCK reads a prefill's prompts through its drafter at once only where the decode step
+after it is expected to draft (``SpecBlockWorker._drafts_next``); else they stay unread, kept
+per KV location, until a step drafts for them (``test_specblock_target_rows.py`` shows the
+late read leaves the drafter where the early one would). bench_serving's one warm-up request
+drafts at one request, and the wave of 32 after it runs without drafts: reading its prompts at
+the prefill was the drafter's whole cost at that load."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sgl_spec.control.budget import budget_controller
+from sgl_spec.specblock.worker import SpecBlockWorker
+
+BUDGETS = (1, 2, 4, 8)
+MAX_DRAFTS = (0, 1, 3, 7)
+
+
+def _measured(step_ms: dict[int, dict[int, float]]):
+    """A budget controller whose step times at each batch size are ``step_ms[bs][k]``."""
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    for bs, times in step_ms.items():
+        for k, ms in times.items():
+            for _ in range(ctrl.times.window):
+                ctrl.times.update(bs, k, ms / 1e3)
+    for _ in range(40):  # every request accepts about two drafts of any budget > 1 node
+        ctrl.observe_settings({1: [1, 1], 2: [2, 2], 3: [2, 2]})
+    return ctrl
+
+
+def _worker(controller, last_budget: int = 8, last_batch_size: int = 1):
+    return SimpleNamespace(
+        controller=controller, _last_budget=last_budget, _last_batch_size=last_batch_size
+    )
+
+
+def _drafts_next(worker, num_new: int) -> bool:
+    return SpecBlockWorker._drafts_next(worker, num_new, torch.full((num_new,), 128))
+
+
+def test_prompts_are_read_where_the_next_step_drafts() -> None:
+    # one request: a tree of 8 nodes costs 1.3 plain steps; 32: it costs 6
+    ctrl = _measured({1: {0: 10, 1: 11, 2: 12, 3: 13}, 32: {0: 40, 1: 120, 2: 180, 3: 240}})
+    assert ctrl.best(1, 128).k > 0 and ctrl.best(32, 128).k == 0
+    assert _drafts_next(_worker(ctrl, last_batch_size=1), 1)  # the next request at c = 1
+    assert not _drafts_next(_worker(ctrl, last_batch_size=1), 32)  # the wave after a warm-up
+    assert not _drafts_next(_worker(ctrl, last_batch_size=32), 1)  # one joins 31 running
+    assert not _drafts_next(_worker(ctrl, last_budget=1), 1)  # the last step did not draft
+
+
+def test_without_a_lone_controller_the_last_step_decides() -> None:
+    assert _drafts_next(_worker(None), 32)  # a fixed budget drafts every step
+    assert not _drafts_next(_worker(None, last_budget=1), 32)  # budget "off"
+    ranks = SimpleNamespace(best=lambda *args: SimpleNamespace(k=0))  # rank 0 decides for all
+    assert _drafts_next(_worker(ranks), 32)

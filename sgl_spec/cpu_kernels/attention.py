@@ -239,7 +239,7 @@ def extend_attention(
     if attention_native.extend(
         q_extend, (k_extend, v_extend), o_extend, (k_buffer, v_buffer), req_to_token, lens,
         (sm_scale, key_scale, value_scale), logit_cap, sliding_window, sinks, tree_mask,
-        is_causal,
+        is_causal, max_len_extend,
     ):  # fmt: skip
         return
     params = _Params(key_scale, value_scale, sm_scale, logit_cap, sliding_window, sinks)

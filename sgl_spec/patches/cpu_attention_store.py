@@ -14,8 +14,9 @@ outputs and cache contents are the ones the unpatched path produces, bit for bit
 
 The plain case: float32 q/k/v and a float32 ``MHATokenToKVPool`` in SGLang's default row
 layout (no quantized, HND, page-major or sliding-window pool), K/V given and to be saved, no
-cross-attention or encoder-only layer, equal K and V head dims, at most
-``attention_native.NATIVE_MAX_EXTEND_TOKENS`` tokens, the native library loaded. Anything
+cross-attention or encoder-only layer, equal K and V head dims, an extend the native kernel
+takes (``attention_native.takes_extend``: few tokens, or a verify's few per request of many
+requests), the native library loaded. Anything
 else takes SGLang's own method. ``SGLSPEC_CPU_ATTN_STORE=0`` turns the patch off.
 """
 
@@ -97,13 +98,23 @@ def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, encoder_o
         and not layer.is_cross_attention
         and layer.attn_type != encoder_only
         and layer.qk_head_dim == layer.v_head_dim
-        and q.shape[0] <= attention_native.NATIVE_MAX_EXTEND_TOKENS
+        and attention_native.takes_extend(
+            q.shape[0], forward_batch.req_pool_indices.shape[0], _longest(backend, q.shape[0])
+        )
         and q.dtype == k.dtype == v.dtype == torch.float32
         and k.dim() == v.dim() == 3
         and k.stride(2) == v.stride(2) == 1
         # the kernels take no tree mask with a sliding window (nor does the PyTorch path)
         and (backend.extend_metadata[3] is None or layer.sliding_window_size < 0)
     )
+
+
+def _longest(backend, num_tokens: int) -> int:
+    """The most extend tokens of one request: the backend's ``max_extend_len`` of this forward
+    (a verify's: its draft tokens per request), else all of them."""
+    metadata = getattr(backend, "forward_metadata", None)
+    longest = metadata[1] if isinstance(metadata, tuple) and len(metadata) == 2 else None
+    return int(longest) if isinstance(longest, int) else num_tokens
 
 
 def storing(original: Callable) -> Callable:

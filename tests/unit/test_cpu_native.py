@@ -182,6 +182,37 @@ def test_extend_limit_routes_long_extends_to_pytorch(ops, monkeypatch) -> None:
     assert calls == [1]
 
 
+def test_verify_of_many_requests_routes_to_native(ops, monkeypatch) -> None:
+    """Past ``NATIVE_MAX_EXTEND_TOKENS`` tokens an extend of many requests with few tokens each
+    (a verify) still takes the native kernel, and matches the PyTorch path; few requests, or
+    long extends, take PyTorch."""
+    calls = []
+    real = ops.extend_attention
+    counting = type("Ops", (), {
+        "extend_attention": staticmethod(lambda *a: calls.append(1) or real(*a)),
+        "decode_attention": ops.decode_attention,
+    })()  # fmt: skip
+    gen = torch.Generator().manual_seed(7)
+    fewest = attention_native.NATIVE_MIN_REQUESTS
+    most = attention_native.NATIVE_MAX_ROWS_PER_REQUEST
+    cases = [(fewest, most, True), (fewest, most + 1, False), (fewest - 1, 3, False)]
+    for bs, n, is_native in cases:
+        assert bs * n > attention_native.NATIVE_MAX_EXTEND_TOKENS
+        lens = [30 + 3 * b + n for b in range(bs)]
+        r2t, k, v = _pool(gen, lens)
+        q = torch.randn(bs * n, 8, 64, generator=gen)
+        args = (r2t, torch.arange(1, bs + 1), torch.tensor(lens), torch.full((bs,), n),
+                torch.arange(bs) * n, n, 0.125, 0.0, False, 0, None, None, None, True)  # fmt: skip
+        out, reference = torch.empty(bs * n, 8, 64), torch.empty(bs * n, 8, 64)
+        calls.clear()
+        monkeypatch.setattr(native, "ops", lambda: counting)
+        attention.extend_attention(q, None, None, out, k, v, 1.0, 1.0, *args)
+        assert calls == ([1] if is_native else [])
+        monkeypatch.setattr(native, "ops", lambda: None)  # the PyTorch path
+        attention.extend_attention(q, None, None, reference, k, v, 1.0, 1.0, *args)
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
 def test_switch_and_key(monkeypatch, tmp_path) -> None:
     """``SGLSPEC_CPU_NATIVE=0`` means the PyTorch ops; the build is keyed by its source."""
     monkeypatch.setitem(native._state, "ops", "sentinel")

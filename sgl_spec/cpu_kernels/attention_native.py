@@ -16,22 +16,18 @@ from sgl_spec.cpu_kernels import native
 # does, is as fast or faster for a long extend of a few requests (a prefill; RESULTS.md,
 # "Native CPU kernels").
 NATIVE_MAX_EXTEND_TOKENS = 16
-# Except where every request extends by few tokens and there are many requests (the verify of
-# a batch): the native kernel reads each request's paged K/V once for all its rows, where the
-# PyTorch path gathers them into a padded copy first. Per layer at 256 cached tokens it took
-# 0.9 / 1.0-3.0 / 2.5-7.0 ms against PyTorch's 2.6-9.0 / 5.5-21.8 / 2.5-18.5 ms for 16 / 32
-# requests of 2-9 tokens; with 4 requests, or 12 tokens and more a request, PyTorch was as
-# fast or faster (RESULTS.md, 2026-12-05).
+# Except where every request extends by few tokens (the verify of a batch): the native kernel
+# reads each request's paged K/V once for all its rows, where the PyTorch path gathers them
+# into a padded copy first. Measured per layer, the PyTorch path was slower for nearly every
+# batch of 1-32 requests of 2-9 tokens, level at 12 tokens a request, and faster from 16 and
+# on prefills (``benchmarks/attention_routes.py``; RESULTS.md, 2026-12-05).
 NATIVE_MAX_ROWS_PER_REQUEST = 9
-NATIVE_MIN_REQUESTS = 8
 
 
-def takes_extend(num_tokens: int, num_requests: int, longest: int) -> bool:
-    """Whether the native kernel serves an extend of ``num_tokens`` tokens over
-    ``num_requests`` requests, ``longest`` for the longest request."""
-    return num_tokens <= NATIVE_MAX_EXTEND_TOKENS or (
-        num_requests >= NATIVE_MIN_REQUESTS and longest <= NATIVE_MAX_ROWS_PER_REQUEST
-    )
+def takes_extend(num_tokens: int, longest: int) -> bool:
+    """Whether the native kernel serves an extend of ``num_tokens`` tokens whose longest
+    request extends by ``longest``."""
+    return num_tokens <= NATIVE_MAX_EXTEND_TOKENS or longest <= NATIVE_MAX_ROWS_PER_REQUEST
 
 
 def fits(*tensors: torch.Tensor | None) -> bool:
@@ -89,7 +85,7 @@ def extend(
     ops = native.ops()
     if (
         ops is None
-        or not takes_extend(q_extend.shape[0], lens[0].shape[0], longest)
+        or not takes_extend(q_extend.shape[0], longest)
         or not fits(q_extend, o_extend, *kv_buffer, *kv_extend)
     ):
         return False

@@ -15,9 +15,9 @@ outputs and cache contents are the ones the unpatched path produces, bit for bit
 The plain case: float32 q/k/v and a float32 ``MHATokenToKVPool`` in SGLang's default row
 layout (no quantized, HND, page-major or sliding-window pool), K/V given and to be saved, no
 cross-attention or encoder-only layer, equal K and V head dims, an extend the native kernel
-takes (``attention_native.takes_extend``: few tokens, or a verify's few per request of many
-requests), the native library loaded. Anything
-else takes SGLang's own method. ``SGLSPEC_CPU_ATTN_STORE=0`` turns the patch off.
+takes (``attention_native.takes_extend``: few tokens, or few a request, as a verify has), the
+native library loaded. Anything else takes SGLang's own method. ``SGLSPEC_CPU_ATTN_STORE=0``
+turns the patch off.
 """
 
 from __future__ import annotations
@@ -98,9 +98,7 @@ def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, encoder_o
         and not layer.is_cross_attention
         and layer.attn_type != encoder_only
         and layer.qk_head_dim == layer.v_head_dim
-        and attention_native.takes_extend(
-            q.shape[0], forward_batch.req_pool_indices.shape[0], _longest(backend, q.shape[0])
-        )
+        and attention_native.takes_extend(q.shape[0], _longest(backend, q.shape[0]))
         and q.dtype == k.dtype == v.dtype == torch.float32
         and k.dim() == v.dim() == 3
         and k.stride(2) == v.stride(2) == 1

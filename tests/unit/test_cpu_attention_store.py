@@ -12,7 +12,7 @@ import pytest
 import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 
-from sgl_spec.cpu_kernels import native, spec_ops
+from sgl_spec.cpu_kernels import attention_native, native, spec_ops
 from sgl_spec.patches import cpu_attention_store as patch
 from tests.helpers.native_kernels import require_native
 
@@ -120,8 +120,10 @@ def test_calls_outside_the_plain_case_take_sglangs_method(ops) -> None:
     backend = _backend()
     q, k, v, batch = _verify_batch(backend, tree=True)
     assert patched(backend, q, k, v, _layer(), batch, False) == "sglang"  # nothing to store
-    long_q, long_k, long_v, long_batch = _verify_batch(_backend(), tree=False, tokens=9)
-    assert patched(backend, long_q, long_k, long_v, _layer(), long_batch) == "sglang"  # 18 rows
+    longer = _backend()  # past NATIVE_MAX_EXTEND_TOKENS rows, each request past the native's
+    tokens = attention_native.NATIVE_MAX_ROWS_PER_REQUEST + 1
+    long_q, long_k, long_v, long_batch = _verify_batch(longer, tree=False, tokens=tokens)
+    assert patched(longer, long_q, long_k, long_v, _layer(), long_batch) == "sglang"
     cross = SimpleNamespace(**{**vars(_layer()), "is_cross_attention": True})
     assert patched(backend, q, k, v, cross, batch) == "sglang"
     windowed = SimpleNamespace(**{**vars(_layer()), "sliding_window_size": 8})

@@ -110,9 +110,8 @@ def _plain_call(backend, q, k, v, layer, forward_batch, save_kv_cache, encoder_o
 def _longest(backend, num_tokens: int) -> int:
     """The most extend tokens of one request: the backend's ``max_extend_len`` of this forward
     (a verify's: its draft tokens per request), else all of them."""
-    metadata = getattr(backend, "forward_metadata", None)
-    longest = metadata[1] if isinstance(metadata, tuple) and len(metadata) == 2 else None
-    return int(longest) if isinstance(longest, int) else num_tokens
+    _, longest = backend.forward_metadata  # as SGLang's forward_extend reads it
+    return num_tokens if longest is None else int(longest)
 
 
 def storing(original: Callable) -> Callable:

@@ -272,9 +272,7 @@ class SpeculationController:
         increasing order (a probe long enough to be measured) unless its bound already rules it
         out -- or first a cheaper one whose time would tighten that bound
         (``bounds.cheaper_first``)."""
-        if self.times.get(batch_size, 0) is None or (
-            self.config.warmup_steps and self.times.count(batch_size, 0) < self.times.window
-        ):
+        if self._measuring_t0(batch_size):
             return replace(self.predict(0, batch_size, ctx_len), source="calibrate")
         if self.table is None:
             for k in range(1, self.config.k_max + 1):
@@ -289,6 +287,12 @@ class SpeculationController:
                 steps = self._steps_to_measure(batch_size, probe.k)
                 return self._start_probe(probe, batch_size, steps, k)
         return None
+
+    def _measuring_t0(self, batch_size: int) -> bool:
+        """Whether this bucket's steps run plain to measure T(0) (a full window after warm-up)."""
+        return self.times.get(batch_size, 0) is None or bool(
+            self.config.warmup_steps and self.times.count(batch_size, 0) < self.times.window
+        )
 
     def _measure_first(self, decision: Decision, batch_size: int, ctx_len: int) -> Decision:
         """``decision``, or the cheaper setting whose time would bound its one
@@ -338,6 +342,14 @@ class SpeculationController:
 
     def choose_k(self, batch_size: int, ctx_len: int) -> int:
         return self.decide(batch_size, ctx_len).k
+
+    def expects_drafts(self, batch_size: int, ctx_len: int) -> bool:
+        """Whether the next steps at this batch would draft (pure; probes not foreseen): not
+        while warming up or measuring T(0) of its bucket, else where the best setting drafts."""
+        warming = self.num_steps_seen < self.config.warmup_steps
+        if self.calibrating and (warming or self._measuring_t0(batch_size)):
+            return False
+        return self.best(batch_size, ctx_len).k > 0
 
     def steps_to_probe(self) -> int:
         """Plain steps before the next scheduled probe (0 while probing or speculating), for

@@ -177,7 +177,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
     def _drafts_next(self, num_new: int, seq_lens: torch.Tensor) -> bool:
         """Whether the decode step after a prefill of ``num_new`` requests is expected to draft:
         the last one did, and the controller (where it decides alone, not for tensor-parallel
-        ranks that must agree) would draft at the batch they join. Else the prompts stay unread
+        ranks that must agree) would draft at the batch they join -- not while it measures that
+        batch's plain step. Else the prompts stay unread
         until a step drafts for them: bench_serving's one warm-up request drafts, and the wave
         after it would otherwise be read at its prefill though its steps run without drafts."""
         if self._last_budget == 1:
@@ -186,7 +187,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             return True
         batch_size = max(num_new, self._last_batch_size)
         ctx = int(seq_lens.sum()) // max(num_new, 1)
-        return self.controller.best(batch_size, ctx).k > 0
+        return self.controller.expects_drafts(batch_size, ctx)
 
     # ---- decode step -------------------------------------------------------------------------
 

@@ -19,8 +19,10 @@ MAX_DRAFTS = (0, 1, 3, 7)
 
 
 def _measured(step_ms: dict[int, dict[int, float]]):
-    """A budget controller whose step times at each batch size are ``step_ms[bs][k]``."""
+    """A budget controller past its warm-up whose step times at each batch size are
+    ``step_ms[bs][k]``."""
     ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    ctrl.num_steps_seen = ctrl.config.warmup_steps
     for bs, times in step_ms.items():
         for k, ms in times.items():
             for _ in range(ctrl.times.window):
@@ -55,3 +57,23 @@ def test_without_a_lone_controller_the_last_step_decides() -> None:
     assert not _drafts_next(_worker(None, last_budget=1), 32)  # budget "off"
     ranks = SimpleNamespace(best=lambda *args: SimpleNamespace(k=0))  # rank 0 decides for all
     assert _drafts_next(_worker(ranks), 32)
+
+
+def test_a_batch_whose_plain_step_is_unmeasured_reads_no_prompts() -> None:
+    # the first wave of 32 after warm-up requests that drafted: its bucket's first steps run
+    # plain to measure T(0) (calibration), so its prompts are read later, if ever
+    ctrl = _measured({1: {0: 10, 1: 11, 2: 12, 3: 13}})
+    assert ctrl.best(32, 128).k > 0  # the prior alone would draft there
+    assert not _drafts_next(_worker(ctrl, last_batch_size=1), 32)
+    assert _drafts_next(_worker(ctrl, last_batch_size=1), 1)
+    for _ in range(ctrl.times.window):  # T(0) at 32 measured: the bound decides again
+        ctrl.times.update(32, 0, 0.040)
+    assert _drafts_next(_worker(ctrl, last_batch_size=1), 32) == (ctrl.best(32, 128).k > 0)
+
+
+def test_expects_drafts_changes_no_state() -> None:
+    ctrl = _measured({1: {0: 10, 1: 11, 2: 12, 3: 13}, 32: {0: 40}})
+    before = (ctrl._probe, ctrl._since_probe, ctrl.num_steps_off, ctrl.num_steps_on)
+    for bs in (1, 4, 32):
+        ctrl.expects_drafts(bs, 128)
+    assert (ctrl._probe, ctrl._since_probe, ctrl.num_steps_off, ctrl.num_steps_on) == before

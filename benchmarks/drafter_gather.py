@@ -20,7 +20,6 @@ import functools
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_lib import host_info
+from cpu_attention import _time
 
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 
@@ -49,15 +49,6 @@ def _whole_batch(pool: DrafterKVPool, locs: torch.Tensor) -> None:
             buffer[:, : t * k].view(bs, t, k, n_kv, hd).copy_(rows[flat].view(bs, t, k, n_kv, hd))
 
 
-def _time_ms(fn, iters: int) -> list[float]:
-    out = []
-    for _ in range(iters):
-        tic = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - tic) * 1e3)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="drafter_gather.py", allow_abbrev=False)
     p.add_argument("--iters", type=int, default=30)
@@ -74,13 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         lens = torch.full((bs,), POSITIONS)
         served = functools.partial(pool.gather, locs, lens, last_slot_only=True)
         reference = functools.partial(_whole_batch, pool, locs)
-        for fn in (served, reference):  # warm-up: the workspace grows once
-            fn()
-        times: dict[str, list[float]] = {"served": [], "whole_batch": []}
-        for _ in range(args.iters):
-            times["served"] += _time_ms(served, 1)
-            times["whole_batch"] += _time_ms(reference, 1)
-        med = {name: statistics.median(values) for name, values in times.items()}
+        # one warm-up call each (the workspace grows once), then calls alternating one by one
+        served_us, reference_us = _time([served, reference], args.iters, block=1)
+        med = {
+            "served": statistics.median(served_us) / 1e3,
+            "whole_batch": statistics.median(reference_us) / 1e3,
+        }
         ratio = med["whole_batch"] / med["served"]
         print(f"{bs:>8} {med['served']:>10.2f} {med['whole_batch']:>15.2f} {ratio:>6.2f}")
         rows.append(

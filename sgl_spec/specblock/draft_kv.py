@@ -10,11 +10,20 @@ simply overwritten by its next owner. Each row holds the K slots of one block pe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sgl_spec.specblock.drafting import PrefixContext
 from sgl_spec.specblock.workspace import DEFAULT_ROOM, KVWorkspace
 from sgl_spec.verify.packing import context_visibility
+
+# Columns of slack a CPU workspace gets beyond what its step needs, so that its layout (the row
+# stride) stays put while the contexts grow and a step's gather copies only the positions
+# committed since the last one (``DrafterKVPool.gather``).
+GROWTH_COLUMNS = 256
+# Per row: which write last touched it (``DrafterKVPool._written_at``, int64).
+WRITTEN_AT_BYTES = 8
 
 
 def drafter_kv_shape(config: object) -> tuple[int, int, int, int]:
@@ -27,9 +36,20 @@ def drafter_kv_shape(config: object) -> tuple[int, int, int, int]:
 
 
 def drafter_kv_bytes_per_row(config: object, dtype: torch.dtype) -> int:
-    """Bytes the drafter KV pool spends per target KV location (keys and values)."""
+    """Bytes the drafter KV pool spends per target KV location (keys, values, write stamp)."""
     num_layers, k, heads, head_dim = drafter_kv_shape(config)
-    return 2 * num_layers * k * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    size = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * k * heads * head_dim * size + WRITTEN_AT_BYTES
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """What the CPU workspace holds since the last ``gather``: which locations in which rows."""
+
+    capacity: int  # columns per row of the workspace's layout
+    locs: torch.Tensor  # [bs, T] the gathered locations, padded
+    num_tokens: torch.Tensor  # [bs] real entries of each row
+    generation: int  # ``DrafterKVPool._generation`` when gathered
 
 
 class DrafterKVPool:
@@ -50,13 +70,18 @@ class DrafterKVPool:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._scratch: torch.Tensor | None = None  # [2 * layers, n] the step's workspace memory
+        # which write last touched each row: a gathered row written since is gathered again
+        self._written_at = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        self._generation = 0
+        self._last: _Gathered | None = None
 
     @property
     def num_rows(self) -> int:
         return int(self.keys[0].shape[0])
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        rows = (*self.keys, *self.values, self._written_at)
+        return sum(t.numel() * t.element_size() for t in rows)
 
     def write(
         self,
@@ -66,6 +91,8 @@ class DrafterKVPool:
     ) -> None:
         """Store the listed blocks of one drafter forward at ``locs``."""
         k = self.block_size
+        self._generation += 1
+        self._written_at[locs.long()] = self._generation
         for layer, (key, value) in enumerate(kv):
             for pool, new in ((self.keys[layer], key), (self.values[layer], value)):
                 bs, n_kv, sk, hd = new.shape
@@ -78,41 +105,81 @@ class DrafterKVPool:
         num_tokens: torch.Tensor,  # [bs] real entries of each row
         last_slot_only: bool,
     ) -> PrefixContext:
-        """The drafter context of a batch, gathered once into a step's workspace (its K slots
-        per position stay adjacent: one row copy); ``packing.context_visibility`` for the mask.
+        """The drafter context of a batch, gathered into a step's workspace (its K slots per
+        position stay adjacent: one row copy); ``packing.context_visibility`` for the mask.
 
         The workspace lives in memory the pool keeps between steps (fresh buffers of this size
-        cost page faults every step), so a context is valid until the next ``gather``."""
+        cost page faults every step), so a context is valid until the next ``gather``. On the
+        CPU the workspace keeps its layout while the contexts grow, and a gather for the same
+        requests copies only what is new since the last one: the positions past each row's
+        last real entry (those committed since, and the padding behind them), unless a
+        location gathered then has been written since."""
         bs, t = locs.shape
         k = self.block_size
         _, _, n_kv, hd = self.keys[0].shape
-        flat = locs.long().reshape(-1)
-        workspace = self._workspace(bs, t * k)
-        for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
-            for pool, buffer in zip(pools, buffers, strict=True):
-                context = buffer[:, : t * k].view(bs, t, k, n_kv, hd)
-                if pool.device.type != "cpu":  # one kernel, not one launch per request
-                    context.copy_(pool[flat].view(bs, t, k, n_kv, hd))
-                    continue
-                # on the CPU each request's contiguous row is gathered straight into it
-                # (``pool[flat]`` fills a fresh tensor of the whole batch, page faults
-                # included, then copies it: 2-3x slower at 16-32 requests)
-                for row, row_locs in zip(context, flat.view(bs, t), strict=True):
-                    torch.index_select(pool, 0, row_locs, out=row)
+        flat = locs.long()
+        if self.keys[0].device.type != "cpu":  # one kernel, not one launch per request
+            workspace, _ = self._workspace(bs, t * k + DEFAULT_ROOM)
+            for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
+                for pool, buffer in zip(pools, buffers, strict=True):
+                    buffer[:, : t * k].view(bs, t, k, n_kv, hd).copy_(
+                        pool[flat.reshape(-1)].view(bs, t, k, n_kv, hd)
+                    )
+        else:
+            kept = self._kept(flat, num_tokens)
+            capacity = kept.capacity if kept else t * k + DEFAULT_ROOM + GROWTH_COLUMNS
+            workspace, fresh = self._workspace(bs, capacity)
+            starts = [0] * bs if kept is None or fresh else kept.num_tokens.tolist()
+            for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
+                for pool, buffer in zip(pools, buffers, strict=True):
+                    # each request's row straight from the pool (``pool[locs]`` would fill a
+                    # fresh tensor of the whole batch, then copy it: 2-3x slower at 16-32)
+                    for row, start in enumerate(starts):
+                        if start < t:
+                            out = buffer[row, start * k : t * k].view(t - start, k, n_kv, hd)
+                            torch.index_select(pool, 0, flat[row, start:], out=out)
+            self._last = _Gathered(capacity, flat.clone(), num_tokens.clone(), self._generation)
+        workspace.length = t * k
         visible = context_visibility(num_tokens, t, k, last_slot_only)
         return PrefixContext(workspace, visible.to(locs.device))
 
-    def _workspace(self, batch_size: int, columns: int) -> KVWorkspace:
-        """A workspace of ``columns`` visible columns and the default room behind them, on the
-        pool's scratch memory (grown, never shrunk)."""
+    def forget(self) -> None:
+        """The next ``gather`` copies every position (nothing is taken from the workspace)."""
+        self._last = None
+
+    def _kept(self, flat: torch.Tensor, num_tokens: torch.Tensor) -> _Gathered | None:
+        """The last gather, where the workspace still holds every real entry it gathered for
+        these rows: same batch, each row's real locations a prefix of its new ones, none of
+        them written since, and room for the new context in the same layout."""
+        last, self._last = self._last, None
+        if last is None or last.locs.shape[0] != flat.shape[0]:
+            return None
+        bs, t = flat.shape
+        old_t = last.locs.shape[1]
+        if old_t > t or t * self.block_size + DEFAULT_ROOM > last.capacity:
+            return None
+        if bool((num_tokens.to(last.num_tokens.device) < last.num_tokens).any()):
+            return None
+        real = torch.arange(old_t, device=flat.device)[None, :] < last.num_tokens[:, None]
+        if bool(((flat[:, :old_t] != last.locs) & real).any()):
+            return None
+        if bool((self._written_at[last.locs[real]] > last.generation).any()):
+            return None
+        return last
+
+    def _workspace(self, batch_size: int, capacity: int) -> tuple[KVWorkspace, bool]:
+        """A workspace of ``capacity`` columns per row on the pool's scratch memory (grown,
+        never shrunk), none of them visible yet; and whether the scratch is new (holds
+        nothing gathered)."""
         _, _, n_kv, hd = self.keys[0].shape
-        shape = (batch_size, columns + DEFAULT_ROOM, n_kv, hd)
+        shape = (batch_size, capacity, n_kv, hd)
         numel = shape[0] * shape[1] * n_kv * hd
         num_buffers = 2 * len(self.keys)
-        if self._scratch is None or self._scratch.shape[1] < numel:
+        fresh = self._scratch is None or self._scratch.shape[1] < numel
+        if fresh:
             self._scratch = self.keys[0].new_empty(num_buffers, numel)
         views = [self._scratch[i, :numel].view(shape) for i in range(num_buffers)]
-        return KVWorkspace(views[: len(self.keys)], views[len(self.keys) :], columns)
+        return KVWorkspace(views[: len(self.keys)], views[len(self.keys) :], 0), fresh
 
     def with_visibility(
         self, context: PrefixContext, num_tokens: torch.Tensor, last_slot_only: bool

@@ -1,0 +1,144 @@
+"""``DrafterKVPool.gather`` on the CPU: a gather for the same requests copies only what is new
+since the last one, and the context it returns holds the pool's rows in every case (growth,
+rows written since, batch changes, the tree rounds' keys written behind the context, growth
+past the workspace's layout)."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl_spec.specblock.draft_kv import GROWTH_COLUMNS, DrafterKVPool
+
+LAYERS, ROWS, K, N_KV, HD = 2, 400, 4, 2, 8
+B = torch.tensor
+MARK = 1e9
+
+
+def _pool() -> DrafterKVPool:
+    torch.manual_seed(0)
+    pool = DrafterKVPool(LAYERS, ROWS, K, N_KV, HD, torch.float32, "cpu")
+    for store in (*pool.keys, *pool.values):
+        store.normal_()
+    return pool
+
+
+def _write(pool: DrafterKVPool, locs: list[int], seed: int) -> None:
+    """New rows at ``locs`` through ``write`` (one request, one block per location)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = len(locs)
+    kv = [
+        tuple(torch.randn(1, N_KV, n * K, HD, generator=gen) for _ in range(2))
+        for _ in range(LAYERS)
+    ]
+    pool.write(B(locs), kv, torch.arange(n))
+
+
+def _gather(pool: DrafterKVPool, rows: list[list[int]]):
+    width = max(len(r) for r in rows)
+    locs = B([r + [0] * (width - len(r)) for r in rows])
+    return pool.gather(locs, B([len(r) for r in rows]), last_slot_only=True), locs
+
+
+def _assert_rows(pool: DrafterKVPool, ctx, locs: torch.Tensor, first: int = 0) -> None:
+    """Columns from position ``first`` on hold the pool's row at their location (padding:
+    location 0), in every layer."""
+    bs, t = locs.shape
+    for layer in range(LAYERS):
+        got = ctx.kv.context(layer)  # keys, values: [bs, n_kv, t*K, hd]
+        for got_part, store in zip(got, (pool.keys[layer], pool.values[layer]), strict=True):
+            assert got_part.shape[2] == t * K
+            want = store[locs[:, first:]].reshape(bs, (t - first) * K, N_KV, HD).transpose(1, 2)
+            assert torch.equal(got_part[:, :, first * K :], want)
+
+
+def _mark_prefix(ctx, positions: int) -> None:
+    """Mark the first ``positions`` of every row: a gather that copies them again overwrites
+    the mark."""
+    for buffer in (*ctx.kv.keys, *ctx.kv.values):
+        buffer[:, : positions * K] = MARK
+
+
+def _marked(ctx, positions: int) -> bool:
+    return all(bool((b[:, : positions * K] == MARK).all()) for b in (*ctx.kv.keys, *ctx.kv.values))
+
+
+def _append_behind(ctx, columns: int) -> None:
+    """What a tree round does: its own keys written behind the visible context."""
+    bs = ctx.kv.batch_size
+    for layer in range(LAYERS):
+        ctx.kv.append(
+            layer, torch.full((bs, N_KV, columns, HD), -MARK), torch.zeros(bs, N_KV, columns, HD)
+        )
+
+
+def test_a_gather_for_the_same_requests_copies_only_what_is_new():
+    pool = _pool()
+    rows = [[5, 9, 13], [40, 41]]
+    ctx, locs = _gather(pool, rows)
+    _assert_rows(pool, ctx, locs)
+    _mark_prefix(ctx, 2)  # both rows' first two positions, real in both
+    _append_behind(ctx, 6)
+    _write(pool, [60, 61], seed=1)
+    _write(pool, [70, 71, 72], seed=2)
+    rows = [rows[0] + [60, 61], rows[1] + [70, 71, 72]]
+    ctx, locs = _gather(pool, rows)
+    assert _marked(ctx, 2)  # taken from the workspace, not copied again
+    _assert_rows(pool, ctx, locs, first=2)  # row 1's old padding and the new positions
+    visible = ctx.visible.clone()
+    pool.forget()
+    assert torch.equal(_gather(pool, rows)[0].visible, visible)
+
+
+def test_a_row_written_since_is_gathered_again():
+    pool = _pool()
+    rows = [[5, 9, 13], [40, 41]]
+    ctx, _ = _gather(pool, rows)
+    _mark_prefix(ctx, 2)
+    _write(pool, [9], seed=3)  # a position the last gather read (a late catch-up, a reuse)
+    ctx, locs = _gather(pool, [r + [80 + i] for i, r in enumerate(rows)])
+    assert not _marked(ctx, 1)
+    _assert_rows(pool, ctx, locs)
+
+
+def test_every_change_of_batch_or_layout_gathers_what_the_pool_holds():
+    pool = _pool()
+    rows = [[1, 2, 3], [10, 11], [20]]
+    ctx, locs = _gather(pool, rows)
+    cases = [
+        [[1, 2, 3, 4], [10, 11, 12], [20, 21]],  # growth
+        [[1, 2, 3, 4, 5], [20, 21, 22]],  # a request left
+        [[20, 21, 22, 23], [1, 2, 3, 4, 5, 6]],  # reordered
+        [[20, 21, 22, 23], [1, 2, 3]],  # a row shorter than it was (retracted)
+        [[20, 21, 22, 23], [1, 2, 3], [30]],  # a request joined
+        [[20, 21, 22, 23], [1, 2, 3], [31]],  # same length, another location
+        [[20, 21, 22, 23, 24], [1, 2, 3, 5], [31, 32]],  # growth
+        [[1, 2, 3, 5, 6], [20, 21, 22, 23, 24, 25], [31, 32, 33]],  # two requests swap rows
+    ]
+    for step, rows in enumerate(cases):
+        _append_behind(ctx, 5)
+        _write(pool, [r[-1] for r in rows], seed=10 + step)
+        ctx, locs = _gather(pool, rows)
+        _assert_rows(pool, ctx, locs)
+    # growth past the room the layout kept: a new layout, every position copied
+    long_rows = [list(range(100, 100 + GROWTH_COLUMNS // K + 8)), [1, 2, 3]]
+    ctx, locs = _gather(pool, long_rows)
+    _assert_rows(pool, ctx, locs)
+    pool.forget()
+    ctx, locs = _gather(pool, long_rows)
+    _assert_rows(pool, ctx, locs)
+
+
+def test_steady_steps_equal_a_gather_from_scratch():
+    """Steps of a decode: drafting's gather, the tree rounds behind it, the verify's writes."""
+    pool = _pool()
+    gen = torch.Generator().manual_seed(4)
+    rows = [[int(x) for x in torch.randperm(ROWS, generator=gen)[:n]] for n in (7, 3, 12)]
+    free = [x for x in range(ROWS) if all(x not in r for r in rows)]
+    for step in range(12):
+        ctx, locs = _gather(pool, rows)
+        _assert_rows(pool, ctx, locs)
+        _append_behind(ctx, 9)
+        for i, row in enumerate(rows):
+            accepted = [free.pop() for _ in range(1 + (step + i) % 4)]
+            _write(pool, accepted, seed=100 * step + i)
+            row.extend(accepted)

@@ -72,11 +72,12 @@ class _Steps:
         self.pool.gather(self.locs[:, :t], lens, last_slot_only=True)
 
 
-def _alias(pool: DrafterKVPool) -> DrafterKVPool:
-    """A second pool object reading the same rows (a gather's workspace is per pool)."""
-    other = DrafterKVPool(1, 1, pool.block_size, *pool.keys[0].shape[2:], torch.float32, "cpu")
-    other.keys, other.values, other._written_at = pool.keys, pool.values, pool._written_at
-    return other
+def _pool() -> DrafterKVPool:
+    """The shipped drafter's pool shape, rows filled with noise."""
+    pool = DrafterKVPool(1, POOL_ROWS, 4, 4, 64, torch.float32, "cpu")
+    for store in (*pool.keys, *pool.values):
+        store.normal_()
+    return pool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,20 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    pool = DrafterKVPool(1, POOL_ROWS, 4, 4, 64, torch.float32, "cpu")
-    for store in (*pool.keys, *pool.values):
-        store.normal_()
+    pool = _pool()
+    # the step gathers on a pool of their own: the scratch gathers forget the pool's last
+    step_pool = _pool()
+    _, k, n_kv, hd = pool.keys[0].shape
     rows = []
     print(f"{'requests':>8} {'scratch ms':>11} {'step ms':>8} {'whole-batch ms':>15}")
     for bs in BATCHES:
         longest = POSITIONS + STEP_POSITIONS * (args.iters + 1)
         locs = torch.randperm(POOL_ROWS)[: bs * longest].view(bs, longest)
         lens = torch.full((bs,), POSITIONS)
-        _, _, n_kv, hd = pool.keys[0].shape
-        workspace = KVWorkspace.empty(1, bs, POSITIONS * 4, n_kv, hd, torch.float32, "cpu")
+        workspace = KVWorkspace.empty(1, bs, POSITIONS * k, n_kv, hd, torch.float32, "cpu")
         scratch = functools.partial(_from_scratch, pool, locs[:, :POSITIONS], lens)
-        # its own pool object on the same rows: the scratch gathers forget the pool's last
-        steps = _Steps(_alias(pool), locs)
+        steps = _Steps(step_pool, locs)
         reference = functools.partial(_whole_batch, pool, workspace, locs[:, :POSITIONS])
         # one warm-up call each (the workspace grows once), then calls alternating one by one
         times = _time([scratch, steps, reference], args.iters, block=1)

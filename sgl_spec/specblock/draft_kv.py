@@ -158,7 +158,7 @@ class DrafterKVPool:
         old_t = last.locs.shape[1]
         if old_t > t or t * self.block_size + DEFAULT_ROOM > last.capacity:
             return None
-        if bool((num_tokens.to(last.num_tokens.device) < last.num_tokens).any()):
+        if bool((num_tokens < last.num_tokens).any()):
             return None
         real = torch.arange(old_t, device=flat.device)[None, :] < last.num_tokens[:, None]
         if bool(((flat[:, :old_t] != last.locs) & real).any()):

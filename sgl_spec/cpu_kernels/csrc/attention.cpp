@@ -32,9 +32,11 @@ constexpr int64_t kChunk = 64;   // keys per attention task
 constexpr int64_t kTransposeMin = 4;  // query rows per KV head from which keys are transposed
 
 // Outputs held in vector registers across a loop: kBlock floats as kVecs vectors of 8, enough
-// independent sums to keep the adders busy, few enough not to spill (AVX2: 16 registers).
+// independent sums to hide the adder's latency (no fused multiply-adds: -ffp-contract=off),
+// few enough not to spill (AVX2: 16 registers). Each output element still sums in order, so
+// the block width never changes a result.
 typedef float vec8 __attribute__((vector_size(8 * sizeof(float))));
-constexpr int64_t kVecs = 4;
+constexpr int64_t kVecs = 8;
 constexpr int64_t kBlock = 8 * kVecs;
 static_assert(kChunk % kBlock == 0);
 
@@ -58,24 +60,84 @@ inline void transposed_scores(const float* q, const float* kt, int64_t dim, floa
   for (int64_t u = 0; u < kVecs; ++u) store8(sc + 8 * u, s[u]);
 }
 
+// a[d0 + 8u + l] = sum over j < nk, in order, of p[j] * rows[j][d0 + 8u + l], for u < V.
+template <int V>
+inline void weighted_block(const float* p, const float* const* rows, int64_t nk, float* a,
+                           int64_t d0) {
+  vec8 t[V] = {};
+  for (int64_t j = 0; j < nk; ++j) {
+    const vec8 pj = vec8{} + p[j];
+    const float* v = rows[j] + d0;
+    for (int u = 0; u < V; ++u) t[u] += pj * load8(v + 8 * u);
+  }
+  for (int u = 0; u < V; ++u) store8(a + d0 + 8 * u, t[u]);
+}
+
 // a[d] = sum over j < nk, in order, of p[j] * rows[j][d]: a softmax chunk's weighted values.
 inline void weighted_sum(const float* p, const float* const* rows, int64_t nk, float* a,
                          int64_t vdim) {
   int64_t d0 = 0;
-  for (; d0 + kBlock <= vdim; d0 += kBlock) {
-    vec8 t[kVecs] = {};
-    for (int64_t j = 0; j < nk; ++j) {
-      const vec8 pj = vec8{} + p[j];
-      const float* v = rows[j] + d0;
-      for (int64_t u = 0; u < kVecs; ++u) t[u] += pj * load8(v + 8 * u);
-    }
-    for (int64_t u = 0; u < kVecs; ++u) store8(a + d0 + 8 * u, t[u]);
-  }
+  for (; d0 + kBlock <= vdim; d0 += kBlock) weighted_block<kVecs>(p, rows, nk, a, d0);
+  for (; d0 + 8 <= vdim; d0 += 8) weighted_block<1>(p, rows, nk, a, d0);
   for (; d0 < vdim; ++d0) {
     float t = 0.f;
     for (int64_t j = 0; j < nk; ++j) t += p[j] * rows[j][d0];
     a[d0] = t;
   }
+}
+
+// kt[d * kChunk + j] = keys[j][d] for j < nk, d < dim (the rest of kt untouched): 8 x 8 tiles
+// transposed in registers, the remainder one element at a time. A copy: no arithmetic.
+inline void transpose_keys(const float* const* keys, int64_t nk, int64_t dim, float* kt) {
+  int64_t j0 = 0;
+  for (; j0 + 8 <= nk; j0 += 8) {
+    int64_t d0 = 0;
+    for (; d0 + 8 <= dim; d0 += 8) {
+      vec8 r[8];
+      for (int u = 0; u < 8; ++u) r[u] = load8(keys[j0 + u] + d0);
+      vec8 t[8], c[8];
+      for (int u = 0; u < 8; u += 2) {  // pairs of rows interleaved
+        t[u] = __builtin_shufflevector(r[u], r[u + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[u + 1] = __builtin_shufflevector(r[u], r[u + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+      }
+      for (int u = 0; u < 8; u += 4) {  // then pairs of pairs
+        c[u] = __builtin_shufflevector(t[u], t[u + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        c[u + 1] = __builtin_shufflevector(t[u], t[u + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        c[u + 2] = __builtin_shufflevector(t[u + 1], t[u + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        c[u + 3] = __builtin_shufflevector(t[u + 1], t[u + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+      }
+      // c[u] holds dims d0+u and d0+u+4 of rows j0..j0+3 (c[0..3]) or j0+4..j0+7 (c[4..7])
+      for (int u = 0; u < 4; ++u) {
+        store8(kt + (d0 + u) * kChunk + j0,
+               __builtin_shufflevector(c[u], c[u + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+        store8(kt + (d0 + u + 4) * kChunk + j0,
+               __builtin_shufflevector(c[u], c[u + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+      }
+    }
+    for (; d0 < dim; ++d0)
+      for (int64_t j = j0; j < j0 + 8; ++j) kt[d0 * kChunk + j] = keys[j][d0];
+  }
+  for (int64_t j = j0; j < nk; ++j)
+    for (int64_t d = 0; d < dim; ++d) kt[d * kChunk + j] = keys[j][d];
+}
+
+// max over j < n of x[j] where vis[j] != 0 (-inf if none), NaN scores skipped as std::max
+// skips them. Max is exact, so lanes of 8 give the sequential loop's value; a running max kept
+// in one scalar was a loop-carried chain through memory, most of a short extend's time.
+inline float visible_max(const float* x, const float* vis, int64_t n) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const vec8 none = vec8{} + neg_inf;
+  vec8 m8 = none;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const vec8 c = load8(vis + j) != 0.f ? load8(x + j) : none;
+    m8 = m8 < c ? c : m8;
+  }
+  float m = neg_inf;
+  for (int u = 0; u < 8; ++u) m = std::max(m, m8[u]);
+  for (; j < n; ++j)
+    if (vis[j] != 0.f) m = std::max(m, x[j]);
+  return m;
 }
 
 enum class Visible { kCausal, kAll, kTree };
@@ -142,6 +204,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
     const float* krows[kChunk];
     const float* vrows[kChunk];
     const float* vhead[kChunk];
+    const float* khead[kChunk];
     bool ext_key[kChunk];
     std::vector<float> scores, kt;
     std::vector<float> vis;  // 1 where the (query, key) pair is visible, else 0
@@ -191,10 +254,8 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
       if (transpose) kt.assign(P.dim * kChunk, 0.f);
       for (int64_t hk = 0; hk < kv_heads; ++hk) {
         if (transpose) {
-          for (int64_t j = 0; j < nk; ++j) {
-            const float* k = krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1);
-            for (int64_t d = 0; d < P.dim; ++d) kt[d * kChunk + j] = k[d];
-          }
+          for (int64_t j = 0; j < nk; ++j) khead[j] = krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1);
+          transpose_keys(khead, nk, P.dim, kt.data());
         }
         for (int64_t i = 0; i < r.n; ++i) {
           const float* qrow = P.q + (r.q0 + i) * P.qs0;
@@ -210,24 +271,20 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
                 sc[j] = dot(q, krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1), P.dim);
             }
             float* out = scores.data() + (i * H + h) * kChunk;
-            float m = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < nk; ++j) {
-              float x = sc[j] * P.scale;
-              if (P.cap > 0.f) x = P.cap * std::tanh(x / P.cap);
-              out[j] = x;
-              if (vrow[j] != 0.f) m = std::max(m, x);
+            if (P.cap > 0.f) {
+              for (int64_t j = 0; j < nk; ++j) out[j] = P.cap * std::tanh(sc[j] * P.scale / P.cap);
+            } else {
+              for (int64_t j = 0; j < nk; ++j) out[j] = sc[j] * P.scale;
             }
-            mx[i * H + h] = m;
+            mx[i * H + h] = visible_max(out, vrow, nk);
           }
         }
       }
-      for (int64_t i = 0; i < r.n; ++i) {
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t hk = h / P.group;
-          if (h % P.group == 0) {  // this KV head's value rows (the same for every query)
-            for (int64_t j = 0; j < nk; ++j)
-              vhead[j] = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
-          }
+      for (int64_t hk = 0; hk < kv_heads; ++hk) {
+        // this KV head's value rows, the same for every query of the chunk
+        for (int64_t j = 0; j < nk; ++j) vhead[j] = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
+        for (int64_t i = 0; i < r.n; ++i) {
+          for (int64_t h = hk * P.group; h < (hk + 1) * P.group; ++h) {
           float* p = scores.data() + (i * H + h) * kChunk;
           const float m = mx[i * H + h];
           const float* vrow = vis.data() + i * kChunk;
@@ -238,6 +295,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
           for (int64_t j = 0; j < nk; ++j) sum += p[j];
           den[i * H + h] = sum;
           weighted_sum(p, vhead, nk, acc + (i * H + h) * P.vdim, P.vdim);
+          }
         }
       }
     }

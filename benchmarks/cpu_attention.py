@@ -1,13 +1,15 @@
 """Per-call cost of the CPU fallback attention ops: fast path against the float64 reference.
 
-    .venv/bin/python benchmarks/cpu_attention.py [--threads 2] [--iters 200]
+    .venv/bin/python benchmarks/cpu_attention.py [--threads 2] [--iters 200] [--served]
 
 Shapes of the shipped model (8 query heads, 8 KV heads, head_dim 64, fp32) on a context of
 256 cached tokens whose pool rows are scattered (as after many decode steps): decode (1 query
 per request), target-verify of a 4-token chain (causal) and of a 32-token draft tree
-(``tree_mask``), at batch 1 and 8, plus one 256-token prefill. The two versions run in
-alternating blocks of 10 calls, so drift from other load on the host hits both alike; printed
-per case are the median and the minimum over ``--iters`` calls, in microseconds.
+(``tree_mask``), at batch 1 and 8, plus one 256-token prefill; ``--served`` adds SPECBLOCK's
+8-node tree and MTP_LORA's 9-token verify at batch 1, and decodes and 2- and 4-token verifies
+at batch 16 and 32. The two versions run in alternating blocks of 10 calls, so drift from
+other load on the host hits both alike; printed per case are the median and the minimum over
+``--iters`` calls, in microseconds.
 """
 
 from __future__ import annotations
@@ -74,13 +76,23 @@ def extend_call(impl: Callable, bs: int, context: int, n: int, tree: bool) -> Ca
     return lambda: impl(*args, *rest, None, None, mask, True)
 
 
-def cases() -> list[tuple[str, Callable[[Callable], Callable[[], None]]]]:
+def cases(served: bool = False) -> list[tuple[str, Callable[[Callable], Callable[[], None]]]]:
     out: list[tuple[str, Callable[[Callable], Callable[[], None]]]] = []
     for bs in (1, 8):
         out.append((f"decode bs={bs}", lambda f, bs=bs: decode_call(f, bs, 256)))
         out.append((f"verify 4 bs={bs}", lambda f, bs=bs: extend_call(f, bs, 256, 4, False)))
         out.append((f"tree 32 bs={bs}", lambda f, bs=bs: extend_call(f, bs, 256, 32, True)))
     out.append(("prefill 256 bs=1", lambda f: extend_call(f, 1, 0, 256, False)))
+    if served:  # the shipped algorithms' verifies: SPECBLOCK's 8 nodes, MTP_LORA k = 2
+        out.append(("tree 8 bs=1", lambda f: extend_call(f, 1, 256, 8, True)))
+        # MTP_LORA's (1 + k)^2 rows: each draft followed by its own k mask tokens
+        out.append(("verify 9 bs=1", lambda f: extend_call(f, 1, 256, 9, True)))
+        for bs in (16, 32):  # and the chains at a large batch, beside its decode
+            out.append((f"decode bs={bs}", lambda f, bs=bs: decode_call(f, bs, 256)))
+            for n in (2, 4):
+                out.append(
+                    (f"verify {n} bs={bs}", lambda f, bs=bs, n=n: extend_call(f, bs, 256, n, False))
+                )
     return out
 
 
@@ -103,11 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument(
+        "--served", action="store_true", help="add the verifies the shipped algorithms serve"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads} iters={args.iters}; microseconds per call")
     print(f"{'case':18} {'ref median':>11} {'fast median':>11} {'ref min':>9} {'fast min':>9}")
-    for name, make in cases():
+    for name, make in cases(args.served):
         ref = make(attention_reference.decode_attention_reference)
         fast = make(attention.decode_attention)
         if not name.startswith("decode"):

@@ -16,12 +16,12 @@ from sgl_spec.cpu_kernels import native
 # does, is as fast or faster for a long extend of a few requests (a prefill; RESULTS.md,
 # "Native CPU kernels").
 NATIVE_MAX_EXTEND_TOKENS = 16
-# Except where every request extends by few tokens (the verify of a batch): the native kernel
-# reads each request's paged K/V once for all its rows, where the PyTorch path gathers them
-# into a padded copy first. Measured per layer, the PyTorch path was slower for nearly every
-# batch of 1-32 requests of 2-9 tokens, level at 12 tokens a request, and faster from 16 and
-# on prefills (``benchmarks/attention_routes.py``; RESULTS.md, 2026-12-05).
-NATIVE_MAX_ROWS_PER_REQUEST = 9
+# Except where every request extends by few tokens (the verify of a batch, a draft model's
+# extend): the native kernel reads each request's paged K/V once for all its rows, where the
+# PyTorch path gathers them into a padded copy first. Measured per layer, the PyTorch path was
+# slower for every batch of 1-32 requests of 2-16 tokens (1.2-12x), and faster for 4 requests
+# of 32 and on prefills (``benchmarks/attention_routes.py``; RESULTS.md, 2026-12-05).
+NATIVE_MAX_ROWS_PER_REQUEST = 16
 
 
 def takes_extend(num_tokens: int, longest: int) -> bool:

@@ -86,10 +86,21 @@ inline void weighted_sum(const float* p, const float* const* rows, int64_t nk, f
   }
 }
 
+// GCC 12 and clang have __builtin_shufflevector; an older compiler transposes element-wise.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define SGLSPEC_HAS_SHUFFLEVECTOR 1
+#endif
+#endif
+#ifndef SGLSPEC_HAS_SHUFFLEVECTOR
+#define SGLSPEC_HAS_SHUFFLEVECTOR 0
+#endif
+
 // kt[d * kChunk + j] = keys[j][d] for j < nk, d < dim (the rest of kt untouched): 8 x 8 tiles
 // transposed in registers, the remainder one element at a time. A copy: no arithmetic.
 inline void transpose_keys(const float* const* keys, int64_t nk, int64_t dim, float* kt) {
   int64_t j0 = 0;
+#if SGLSPEC_HAS_SHUFFLEVECTOR
   for (; j0 + 8 <= nk; j0 += 8) {
     int64_t d0 = 0;
     for (; d0 + 8 <= dim; d0 += 8) {
@@ -117,13 +128,16 @@ inline void transpose_keys(const float* const* keys, int64_t nk, int64_t dim, fl
     for (; d0 < dim; ++d0)
       for (int64_t j = j0; j < j0 + 8; ++j) kt[d0 * kChunk + j] = keys[j][d0];
   }
+#endif
   for (int64_t j = j0; j < nk; ++j)
     for (int64_t d = 0; d < dim; ++d) kt[d * kChunk + j] = keys[j][d];
 }
 
 // max over j < n of x[j] where vis[j] != 0 (-inf if none), NaN scores skipped as std::max
-// skips them. Max is exact, so lanes of 8 give the sequential loop's value; a running max kept
-// in one scalar was a loop-carried chain through memory, most of a short extend's time.
+// skips them. Max is exact, so lanes of 8 give the sequential loop's value (up to the sign of
+// a zero maximum, which no output sees: x - (+0) and x - (-0) agree but for x = -0, whose
+// exp is 1 either way); a running max kept in one scalar was a loop-carried chain through
+// memory, most of a short extend's time.
 inline float visible_max(const float* x, const float* vis, int64_t n) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const vec8 none = vec8{} + neg_inf;
@@ -249,7 +263,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
       float* acc = part_acc.data() + part * P.vdim;
       // scores. With few query rows per KV head (a decode) one dot product per key; with
       // more, per KV head the chunk's keys transposed ([dim][kChunk], zero padded), so each
-      // query's kChunk dot products are vector FMAs over keys, with no horizontal sums.
+      // query's kChunk dot products are vector multiply-adds over keys, with no horizontal sums.
       const bool transpose = r.n * P.group >= kTransposeMin;
       if (transpose) kt.assign(P.dim * kChunk, 0.f);
       for (int64_t hk = 0; hk < kv_heads; ++hk) {
@@ -285,16 +299,16 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
         for (int64_t j = 0; j < nk; ++j) vhead[j] = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
         for (int64_t i = 0; i < r.n; ++i) {
           for (int64_t h = hk * P.group; h < (hk + 1) * P.group; ++h) {
-          float* p = scores.data() + (i * H + h) * kChunk;
-          const float m = mx[i * H + h];
-          const float* vrow = vis.data() + i * kChunk;
-          for (int64_t j = 0; j < kChunk; ++j) {
-            p[j] = exp_clamped(std::min(p[j] - m, 0.f)) * vrow[j];
-          }
-          float sum = 0.f;
-          for (int64_t j = 0; j < nk; ++j) sum += p[j];
-          den[i * H + h] = sum;
-          weighted_sum(p, vhead, nk, acc + (i * H + h) * P.vdim, P.vdim);
+            float* p = scores.data() + (i * H + h) * kChunk;
+            const float m = mx[i * H + h];
+            const float* vrow = vis.data() + i * kChunk;
+            for (int64_t j = 0; j < kChunk; ++j) {
+              p[j] = exp_clamped(std::min(p[j] - m, 0.f)) * vrow[j];
+            }
+            float sum = 0.f;
+            for (int64_t j = 0; j < nk; ++j) sum += p[j];
+            den[i * H + h] = sum;
+            weighted_sum(p, vhead, nk, acc + (i * H + h) * P.vdim, P.vdim);
           }
         }
       }

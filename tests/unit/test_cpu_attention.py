@@ -1,9 +1,7 @@
 """The fallback decode/extend attention ops against dense PyTorch attention.
 
 Random paged layouts: every request's tokens live in shuffled pages of a shared pool, the last
-page partially filled; GQA; logit cap; sliding window; draft-tree masks for target-verify; and
-served head widths (64, 72, 20 with a narrower value) over contexts of several 64-key chunks,
-where the native kernel's register tiles and their remainders run.
+page partially filled; GQA; logit cap; sliding window; draft-tree masks for target-verify.
 """
 
 from __future__ import annotations
@@ -256,53 +254,3 @@ def test_copy_all_layer_kv_cache_moves_rows_in_every_layer() -> None:
     for t, b in zip(layers, before, strict=True):
         assert torch.equal(t[1], b[2]) and torch.equal(t[2], b[3]) and torch.equal(t[3], b[7])
         assert torch.equal(t[0], b[0]) and torch.equal(t[4:7], b[4:7])
-
-
-def _tree(n: int, gen: torch.Generator) -> torch.Tensor:
-    """[n, n] ancestor mask of a random tree (node i's parent is below i)."""
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        parent = int(torch.randint(0, i, (1,), generator=gen))
-        mask[i] |= mask[parent]
-    return mask
-
-
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "dim", "vdim"), [(8, 8, 64, 64), (4, 2, 72, 72), (3, 1, 20, 12)]
-)
-@pytest.mark.parametrize("ext_len", [1, 2, 5, 9])
-@pytest.mark.parametrize("tree", [False, True])
-def test_wide_extend_matches_dense(heads, kv_heads, dim, vdim, ext_len, tree) -> None:
-    gen = torch.Generator().manual_seed(1000 * dim + 10 * ext_len + tree)
-    prefix_lens = [150, 61, 0]
-    seq_lens = [p + ext_len for p in prefix_lens]
-    pool = 1024
-    req_to_token = torch.zeros(len(seq_lens) + 1, 256, dtype=torch.int32)
-    perm = torch.randperm(pool - 1, generator=gen) + 1  # scattered pool rows, row 0 unused
-    used = 0
-    for b, n in enumerate(seq_lens):
-        req_to_token[b + 1, :n] = perm[used : used + n].to(torch.int32)
-        used += n
-    k_buf = torch.randn(pool, kv_heads, dim, generator=gen)
-    v_buf = torch.randn(pool, kv_heads, vdim, generator=gen)
-    n_ext = ext_len * len(seq_lens)
-    q = torch.randn(n_ext, heads, dim, generator=gen)
-    starts = torch.arange(len(seq_lens)) * ext_len
-    masks = [_tree(ext_len, gen) if tree else torch.ones(ext_len, ext_len).tril().bool()
-             for _ in seq_lens]  # fmt: skip
-    out = torch.full((n_ext, heads, vdim), float("nan"))
-    torch.ops.sgl_kernel.extend_attention_cpu(
-        q, None, None, out, k_buf, v_buf, 1.0, 1.0, req_to_token,
-        torch.arange(1, len(seq_lens) + 1), torch.tensor(seq_lens),
-        torch.full((len(seq_lens),), ext_len, dtype=torch.int32), starts.to(torch.int32),
-        ext_len, 1 / math.sqrt(dim), 0.0, False, 0, None, None,
-        torch.cat([m.flatten() for m in masks]) if tree else None, True,
-    )  # fmt: skip
-    for b, (p, n) in enumerate(zip(prefix_lens, seq_lens, strict=True)):
-        rows = req_to_token[b + 1, :n].long()
-        mask = torch.cat([torch.ones(ext_len, p, dtype=torch.bool), masks[b]], dim=1)
-        ref = _dense(q[starts[b] : starts[b] + ext_len], k_buf[rows], v_buf[rows], mask,
-                     1 / math.sqrt(dim))  # fmt: skip
-        torch.testing.assert_close(
-            out[starts[b] : starts[b] + ext_len].double(), ref, rtol=1e-5, atol=1e-5
-        )

@@ -230,6 +230,8 @@ EXTEND_CASES = {
     "kv from pool": ({}, {"pass_kv": False}),
     "kv passed, pool stale": ({"prefix": [3, 40], "ext": [5, 2]}, {"stale_pool": True}),
     "scales": ({"dims": (32, 16)}, {"key_scale": 0.5, "value_scale": 2.0}),
+    # the native kernel's 8 x 8 key tiles and 8-wide value blocks leave remainders here
+    "head dims off the tiles": ({"heads": (3, 1), "dims": (20, 12), "tree": True}, {}),
     "not causal": ({}, {"is_causal": False}),
     "ragged, padded": ({"prefix": [50, 60, 40], "ext": [5, 3, 4]}, {}),
     "a request without new tokens": ({"prefix": [50, 60, 40], "ext": [3, 0, 4]}, {}),

@@ -154,6 +154,13 @@ inline float visible_max(const float* x, const float* vis, int64_t n) {
   return m;
 }
 
+// out[j] = head ``hk``'s part of key or value row j, whose offset is ``ext_offset`` in an extend
+// row and ``pool_offset`` in a pool row: the same for every query of a chunk.
+inline void head_rows(const float* const* rows, const bool* ext, int64_t nk, int64_t ext_offset,
+                      int64_t pool_offset, const float** out) {
+  for (int64_t j = 0; j < nk; ++j) out[j] = rows[j] + (ext[j] ? ext_offset : pool_offset);
+}
+
 enum class Visible { kCausal, kAll, kTree };
 
 // One request: queries q0..q0+n-1 (rows of q and o) at positions prefix..prefix+n-1; keys at
@@ -267,10 +274,8 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
       const bool transpose = r.n * P.group >= kTransposeMin;
       if (transpose) kt.assign(P.dim * kChunk, 0.f);
       for (int64_t hk = 0; hk < kv_heads; ++hk) {
-        if (transpose) {
-          for (int64_t j = 0; j < nk; ++j) khead[j] = krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1);
-          transpose_keys(khead, nk, P.dim, kt.data());
-        }
+        head_rows(krows, ext_key, nk, hk * P.kes1, hk * P.ks1, khead);
+        if (transpose) transpose_keys(khead, nk, P.dim, kt.data());
         for (int64_t i = 0; i < r.n; ++i) {
           const float* qrow = P.q + (r.q0 + i) * P.qs0;
           const float* vrow = vis.data() + i * kChunk;
@@ -282,7 +287,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
                 transposed_scores(q, kt.data() + j0, P.dim, sc + j0);
             } else {
               for (int64_t j = 0; j < nk; ++j)
-                sc[j] = dot(q, krows[j] + hk * (ext_key[j] ? P.kes1 : P.ks1), P.dim);
+                sc[j] = dot(q, khead[j], P.dim);
             }
             float* out = scores.data() + (i * H + h) * kChunk;
             if (P.cap > 0.f) {
@@ -295,8 +300,7 @@ void paged_attention(const Problem& P, std::vector<Req>& reqs) {
         }
       }
       for (int64_t hk = 0; hk < kv_heads; ++hk) {
-        // this KV head's value rows, the same for every query of the chunk
-        for (int64_t j = 0; j < nk; ++j) vhead[j] = vrows[j] + hk * (ext_key[j] ? P.ves1 : P.vs1);
+        head_rows(vrows, ext_key, nk, hk * P.ves1, hk * P.vs1, vhead);
         for (int64_t i = 0; i < r.n; ++i) {
           for (int64_t h = hk * P.group; h < (hk + 1) * P.group; ++h) {
             float* p = scores.data() + (i * H + h) * kChunk;

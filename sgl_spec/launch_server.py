@@ -40,6 +40,11 @@ CPU_MALLOC_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
     "THP_MEM_ALLOC_ENABLE": "1",
 }
+# SGLang's eager model runner copies each forward's inputs into static buffers laid out for
+# CUDA-graph replay (``EagerRunner.load_batch``); the CPU engine replays no such graph, so the
+# copy is per-forward Python and tensor work for nothing (~80 us of a ~0.65 ms draft-model
+# decode). ``SGLANG_EAGER_INPUT_NO_COPY``, SGLang's own switch, runs on the batch's tensors.
+CPU_ENGINE_ENV = {"SGLANG_EAGER_INPUT_NO_COPY": "1"}
 
 
 def checkpoint_dtype(model_path: str | None) -> str | None:
@@ -74,7 +79,7 @@ def apply_cpu_defaults(
     launch = LaunchArgs.from_argv(argv)
     apart = cores_set_apart(config, launch, environ)
     rank_cores(launch.num_ranks, environ, launch.local_ranks, apart)
-    for name, value in CPU_MALLOC_ENV.items():
+    for name, value in {**CPU_MALLOC_ENV, **CPU_ENGINE_ENV}.items():
         environ.setdefault(name, value)
     if not has_flag(argv, "--attention-backend"):
         argv += ["--attention-backend", "intel_amx"]

@@ -71,6 +71,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert env["SGLANG_EAGER_INPUT_NO_COPY"] == "1"
     user = [
         "--device=cpu",
         "--attention-backend",
@@ -82,6 +83,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
         "SGLANG_USE_CPU_ENGINE": "0",
         "MALLOC_MMAP_THRESHOLD_": "65536",
         "THP_MEM_ALLOC_ENABLE": "0",
+        "SGLANG_EAGER_INPUT_NO_COPY": "0",
     }
     argv = apply_cpu_defaults(user, user_env)
     assert argv == user
@@ -89,6 +91,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
         user_env["SGLANG_USE_CPU_ENGINE"] == "0" and user_env["MALLOC_MMAP_THRESHOLD_"] == "65536"
     )
     assert user_env["THP_MEM_ALLOC_ENABLE"] == "0"
+    assert user_env["SGLANG_EAGER_INPUT_NO_COPY"] == "0"
 
 
 def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:

@@ -130,6 +130,23 @@ def test_decode_writes_the_new_key_and_value_first(ops) -> None:
     assert torch.equal(k[loc], new_k) and torch.equal(v[loc], new_v)
 
 
+def test_decode_writes_rows_through_a_strided_slot_column(ops) -> None:
+    """A draft step's slots are one column of a [bs, steps] table (a strided view), which
+    SGLang's eager runner hands over as is under ``SGLANG_EAGER_INPUT_NO_COPY``."""
+    gen = torch.Generator().manual_seed(13)
+    r2t, k, v = _pool(gen, [10, 12])
+    table = torch.stack([r2t[1, 7:10], r2t[2, 9:12]]).long()  # [2 requests, 3 steps]
+    loc = table[:, 2]
+    assert not loc.is_contiguous()
+    new_k, new_v = torch.randn(2, 2, 64, generator=gen), torch.randn(2, 2, 64, generator=gen)
+    q, out = torch.randn(2, 8, 64, generator=gen), torch.empty(2, 8, 64)
+    before = k[table[:, 1]].clone()
+    ops.decode_attention(q, k, v, out, new_k, new_v, loc, r2t, torch.tensor([1, 2]),
+                         torch.tensor([10, 12]), 0.125, 1.0, 1.0, 0.0, 0, None)  # fmt: skip
+    assert torch.equal(k[loc], new_k) and torch.equal(v[loc], new_v)
+    assert torch.equal(k[table[:, 1]], before)  # the neighbouring column is not written
+
+
 @pytest.mark.parametrize(
     ("lens", "rpi", "message"),
     [

@@ -56,12 +56,14 @@ inline int64_t index_at(const at::Tensor& t, int64_t i) {
 }
 
 // cache[loc[t]] = src[t] for each row t of ``src`` ([rows, heads, dim], unit inner stride;
-// ``cache`` [pool, heads, dim]): the new K/V of a decode, the KV stores of a forward.
-inline void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc) {
+// ``cache`` [pool, heads, dim]): the new K/V of a decode, the KV stores of a forward. ``loc``
+// may be any view (a draft step's column of a [bs, steps] slot table): read contiguously.
+inline void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tensor& loc_view) {
   const int64_t rows = src.size(0), heads = src.size(1), dim = src.size(2);
-  TORCH_CHECK(loc.numel() >= rows && loc.is_contiguous() &&
-                  (loc.scalar_type() == at::kInt || loc.scalar_type() == at::kLong),
-              "sgl_spec_native: one contiguous int32/int64 KV row index per new token");
+  TORCH_CHECK(loc_view.numel() >= rows &&
+                  (loc_view.scalar_type() == at::kInt || loc_view.scalar_type() == at::kLong),
+              "sgl_spec_native: one int32/int64 KV row index per new token");
+  const at::Tensor loc = loc_view.contiguous();
   const float* sp = src.data_ptr<float>();
   float* cp = cache.data_ptr<float>();
   for (int64_t t = 0; t < rows; ++t) {

@@ -14,7 +14,7 @@ tokens and 1, 4, 16 new tokens per request, it times in one process per model:
   backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
 
 Bare and served forwards of each shape alternate in a shuffled order, so drift hits both
-alike; each process gets the launcher's malloc settings.
+alike; each process gets the launcher's environment defaults (``launcher_env``).
 
 Caveat: the served forward here runs in a plain Python process, not in a scheduler process;
 on the AMD host of RESULTS' 2026-11-25 entry (commit 2395372) its 1-row float32 linears ran MKL's generic
@@ -259,13 +259,18 @@ def run_worker(model_path: str, args: argparse.Namespace) -> dict:
 # ---- orchestration: ABBA over the two models, pooled ----------------------------------------
 
 
-def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
-    from sgl_spec.launch_server import CPU_MALLOC_ENV
+def launcher_env() -> dict[str, str]:
+    """This process's environment plus what the CPU launcher sets for a server's processes
+    unless set already (malloc settings, SGLang's eager input copy off)."""
+    from sgl_spec.launch_server import CPU_ENGINE_ENV, CPU_MALLOC_ENV
 
+    return {**CPU_MALLOC_ENV, **CPU_ENGINE_ENV, **os.environ}
+
+
+def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", model,
            "--json", str(out)]  # fmt: skip
-    env = {**CPU_MALLOC_ENV, **os.environ}  # the server's malloc settings, unless set already
-    subprocess.run(cmd, check=True, env=env)
+    subprocess.run(cmd, check=True, env=launcher_env())
     return json.loads(out.read_text())
 
 

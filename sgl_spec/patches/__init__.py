@@ -28,6 +28,7 @@ SGLANG_VERSION = "0.5.23"
 PATCHES = (
     "cpu_graph_fakes",
     "cpu_packed_linear",
+    "cpu_plain_llama",
     "cpu_spec_sampling",
     "cuda_optional_kernels",
     "prompt_validation",

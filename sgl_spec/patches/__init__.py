@@ -28,7 +28,6 @@ SGLANG_VERSION = "0.5.23"
 PATCHES = (
     "cpu_graph_fakes",
     "cpu_packed_linear",
-    "cpu_plain_llama",
     "cpu_spec_sampling",
     "cuda_optional_kernels",
     "prompt_validation",
@@ -39,6 +38,7 @@ PATCHES = (
     "cpu_tensor_parallel",
     "cpu_attention_store",
     "cpu_eager_draft_select",
+    "cpu_plain_llama",
 )
 
 

@@ -165,18 +165,27 @@ def _verify_batch(runner, batch, n: int):
     return fb
 
 
+def decode_after(runner, reqs, ctx: int):
+    """A DECODE ForwardBatch of one new token per request of ``reqs`` after ``ctx`` cached
+    tokens, and the KV slots it writes (the caller frees them)."""
+    from gamma_tolerance import build_extend
+
+    batch, _ = build_extend(runner, reqs, ctx, ctx + 1)
+    runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
+    batch.seq_lens = batch.seq_lens - 1  # the decode appends the one token itself
+    return _decode_batch(runner, batch)
+
+
 def _served_forward(runner, reqs, ctx: int, n: int):
     """Time one served forward of ``n`` new tokens per request; frees its KV slots."""
     from gamma_tolerance import build_extend, time_forward
 
-    batch, fb = build_extend(runner, reqs, ctx, ctx + n)
     if n == 1:
-        runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
-        batch.seq_lens = batch.seq_lens - 1  # the decode appends the one token itself
-        fb, locs = _decode_batch(runner, batch)
+        fb, locs = decode_after(runner, reqs, ctx)
         elapsed = time_forward(runner, fb)
         runner.token_to_kv_pool_allocator.free(locs)
         return elapsed
+    batch, _ = build_extend(runner, reqs, ctx, ctx + n)
     elapsed = time_forward(runner, _verify_batch(runner, batch, n))
     runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
     return elapsed

@@ -55,16 +55,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _decode_batch(runner, bs: int, ctx: int):
-    from gamma_tolerance import build_extend
-
-    reqs = forward_cost.prefilled(runner, bs, ctx, 2, random.Random(0))
-    batch, _ = build_extend(runner, reqs, ctx, ctx + 1)
-    runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
-    batch.seq_lens = batch.seq_lens - 1  # the decode appends its token itself
-    return forward_cost._decode_batch(runner, batch)[0]
-
-
 def _set(runner, switch: str, on: bool) -> None:
     if switch == "eager_copy":
         os.environ[SWITCH] = "0" if on else "1"
@@ -101,7 +91,8 @@ def run_worker(model_path: str, args: argparse.Namespace) -> list[dict]:
     runner = forward_cost._load_runner(model_path, fc_args)
     points = []
     for bs in args.batch_sizes:
-        fb = _decode_batch(runner, bs, args.ctx_len)
+        reqs = forward_cost.prefilled(runner, bs, args.ctx_len, 2, random.Random(0))
+        fb = forward_cost.decode_after(runner, reqs, args.ctx_len)[0]
         for switch in SWITCHES:
             point = {
                 "model": model_path,

@@ -37,7 +37,6 @@ from sgl_spec.config import SpecConfig
 TARGET = "sglang.srt.models.llama"
 ENV_SWITCH = "SGLSPEC_CPU_PLAIN_LLAMA"
 _PARAMS = ["self", "input_ids", "positions", "forward_batch", "input_embeds", "pp_proxy_tensors"]
-_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 
 
 def enabled(config: SpecConfig) -> bool:
@@ -96,7 +95,6 @@ def plain_stack(model: Any) -> bool:
         and model.pp_group.is_last_rank
         and bool(layers)
         and all(type(layer) is module.LlamaDecoderLayer for layer in layers)
-        and all(hasattr(layer, part) for layer in layers for part in _LAYER_PARTS)
         and getattr(_base(embed), "tp_size", None) == 1
         and getattr(embed, "weight", torch.empty(0, device="meta")).device.type == "cpu"
         and all(

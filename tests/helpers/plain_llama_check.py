@@ -50,10 +50,7 @@ def main(model: str, out_path: str) -> None:
     reqs = make_reqs(2, 24, 4, rng, all_logits=True)
     cases = {"prefill": build_extend(runner, reqs, 0, 24)[1]}
     runner.forward(cases["prefill"])
-    batch, _ = build_extend(runner, reqs, 24, 25)
-    runner.token_to_kv_pool_allocator.free(batch.out_cache_loc)
-    batch.seq_lens = batch.seq_lens - 1
-    cases["decode"] = forward_cost._decode_batch(runner, batch)[0]
+    cases["decode"] = forward_cost.decode_after(runner, reqs, 24)[0]
     verify, _ = build_extend(runner, reqs, 24, 28)
     cases["verify"] = forward_cost._verify_batch(runner, verify, 4)
     for name, fb in cases.items():

@@ -133,6 +133,9 @@ def ops() -> object | None:
             if path.exists():
                 torch.ops.load_library(str(path))
                 result = getattr(torch.ops, NAMESPACE)
+                from sgl_spec.cpu_kernels import native_fakes
+
+                native_fakes.register(result)
             else:
                 logger.info("sgl_spec: no native CPU kernels built (%s); PyTorch ops", path)
         except (OSError, RuntimeError) as exc:

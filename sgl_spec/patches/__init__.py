@@ -39,6 +39,7 @@ PATCHES = (
     "cpu_attention_store",
     "cpu_eager_draft_select",
     "cpu_plain_llama",
+    "cpu_kv_split",
 )
 
 

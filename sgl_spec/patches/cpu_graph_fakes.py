@@ -7,13 +7,17 @@ that is not defined: where our PyTorch ops stand in for the compiled library
 (``sgl_spec.cpu_kernels``), the ops we do not provide (``shm_allreduce``, the MoE and
 quantised kernels) do not exist, and the server dies before it serves. The patched function
 returns a decorator that registers nothing for an op that is not defined; ops that are defined
-get their fake exactly as upstream.
+get their fake as upstream, except where our op returns another layout than upstream's kernel
+(``OWN_FAKES``): a fake must describe the kernel that runs, or the compiled graph's layout
+checks stop it.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+
+import torch
 
 from sgl_spec.config import SpecConfig
 
@@ -33,6 +37,22 @@ def check() -> None:
         raise RuntimeError(f"{TARGET}._CPU_COMPILE_FAKE_OPS is gone: patch needs updating")
 
 
+def _rotary_embedding_fake(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # ours returns new contiguous tensors; upstream's rotates a 2-d pair in place and
+    # returns the (row-strided) inputs, which is what its fake says
+    return query.new_empty(query.shape), key.new_empty(key.shape)
+
+
+OWN_FAKES: dict[str, Callable] = {"rotary_embedding_cpu": _rotary_embedding_fake}
+
+
 def apply() -> bool:
     from sgl_spec.cpu_kernels.registry import op_defined
 
@@ -42,9 +62,18 @@ def apply() -> bool:
         return False
 
     def register_cpu_compile_fake(op_name: str) -> Callable[[Callable], Callable]:
-        if op_defined(op_name):
-            return upstream(op_name)
-        return lambda fn: fn
+        if not op_defined(op_name):
+            return lambda fn: fn
+        register = upstream(op_name)
+        own = OWN_FAKES.get(op_name)
+        if own is None:
+            return register
+
+        def register_own(fn: Callable) -> Callable:
+            register(own)
+            return fn
+
+        return register_own
 
     register_cpu_compile_fake._sgl_spec_patched = True  # type: ignore[attr-defined]
     module.register_cpu_compile_fake = register_cpu_compile_fake

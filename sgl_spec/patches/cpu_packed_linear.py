@@ -109,6 +109,8 @@ class PackedWeight:
     def __init__(self, weight: torch.Tensor, which: str) -> None:
         self.key = _weight_key(weight)
         self.kind = which
+        # read here once: torch.compile cannot trace the CPU-flag lookup behind it
+        self.max_rows = native_max_rows() if which == "native" else None
         if which == "native":
             from sgl_spec.cpu_kernels import native
 
@@ -118,8 +120,8 @@ class PackedWeight:
 
     def takes(self, rows: int) -> bool:
         """Whether a call of ``rows`` rows goes through this packed weight."""
-        if self.kind == "native":
-            return rows <= native_max_rows()
+        if self.max_rows is not None:
+            return rows <= self.max_rows
         return rows >= MKL_MIN_ROWS
 
     def linear(
@@ -158,14 +160,18 @@ def packed_linear(
 ) -> torch.Tensor | None:
     """``x @ W.T + bias`` with the packed weight; ``None`` when this call cannot use it."""
     state: PackedWeight | None = getattr(layer, "_sgl_spec_packed", None)
-    if state is None or not x.shape[-1] or not state.takes(x.numel() // x.shape[-1]):
+    compiling = torch.compiler.is_compiling()
+    if state is None or (compiling and state.kind != "native"):
+        return None  # the native op has a fake for torch.compile to trace; MKL's pair not here
+    if not x.shape[-1] or not state.takes(x.numel() // x.shape[-1]):
         return None
     weight = layer.weight
-    if x.dtype != torch.float32 or torch.compiler.is_compiling():
+    if x.dtype != torch.float32:
         return None
     if bias is not None and bias.dtype != torch.float32:
         return None
-    if state.key != _weight_key(weight):  # changed in place since it was packed
+    # a traced graph cannot read a data pointer, and holds its weights as constants anyway
+    if not compiling and state.key != _weight_key(weight):  # changed in place since packed
         state = PackedWeight(weight, state.kind)
         layer._sgl_spec_packed = state
     rows = x.reshape(-1, x.shape[-1])

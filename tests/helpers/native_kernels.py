@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 from sgl_spec.cpu_kernels import native
 
@@ -23,3 +24,10 @@ def require_native(monkeypatch: pytest.MonkeyPatch | None = None) -> object:
     ops = native.ops()
     assert ops is not None
     return ops
+
+
+def cos_sin_cache(max_pos: int, dim: int) -> torch.Tensor:
+    """A neox RoPE cache [max_pos, dim]: the cos half, then the sin half."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)

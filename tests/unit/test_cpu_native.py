@@ -14,7 +14,7 @@ import sgl_kernel  # noqa: F401  (registers the fallback ops on this CPU host)
 import torch
 
 from sgl_spec.cpu_kernels import attention, attention_native, kvcache, layers, native
-from tests.helpers.native_kernels import require_native
+from tests.helpers.native_kernels import cos_sin_cache, require_native
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +22,10 @@ def ops():
     return require_native()
 
 
-def _cos_sin(max_pos: int, dim: int) -> torch.Tensor:
-    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-
-
 def test_rope_rounds_as_pytorch(ops, monkeypatch) -> None:
     """Strided views of a fused QKV output (what SGLang passes) and 3-d tensors."""
     gen = torch.Generator().manual_seed(0)
-    cache = _cos_sin(512, 64)
+    cache = cos_sin_cache(512, 64)
     qkv = torch.randn(7, 8 * 64 + 2 * 2 * 64, generator=gen)
     q, k, _ = qkv.split([8 * 64, 2 * 64, 2 * 64], dim=-1)
     pos = torch.randint(0, 512, (7,), generator=gen)
@@ -48,7 +42,7 @@ def test_rope_rounds_as_pytorch(ops, monkeypatch) -> None:
 
 
 def test_rope_rejects_positions_past_the_cache(ops) -> None:
-    cache = _cos_sin(16, 64)
+    cache = cos_sin_cache(16, 64)
     q, k = torch.randn(2, 64), torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="position out of range"):
         ops.rope_neox(torch.tensor([3, 16]), q, k, 64, cache)

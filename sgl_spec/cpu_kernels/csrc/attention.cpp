@@ -541,24 +541,26 @@ void store_extend_attention(const at::Tensor& q_extend, const at::Tensor& k_exte
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sgl_spec_native, m) {
-  m.def(
-      "decode_attention(Tensor query, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) output,"
+  m.def("decode_attention(Tensor query, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) output,"
       " Tensor? key, Tensor? value, Tensor loc, Tensor req_to_token, Tensor req_pool_indices,"
       " Tensor seq_lens, float sm_scale, float key_scale, float value_scale, float logit_cap,"
-      " int window, Tensor? sinks) -> ()",
-      &decode_attention);
-  m.def(
-      "extend_attention(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, Tensor(a!) o_extend,"
+      " int window, Tensor? sinks) -> ()");
+  m.def("extend_attention(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, Tensor(a!) o_extend,"
       " Tensor k_buffer, Tensor v_buffer, Tensor req_to_token, Tensor req_pool_indices,"
       " Tensor seq_lens, Tensor extend_seq_lens, Tensor extend_start_loc, float sm_scale,"
       " float key_scale, float value_scale, float logit_cap, int window, Tensor? sinks,"
-      " Tensor? tree_mask, bool is_causal) -> ()",
-      &extend_attention);
-  m.def(
-      "store_extend_attention(Tensor q_extend, Tensor k_extend, Tensor v_extend,"
+      " Tensor? tree_mask, bool is_causal) -> ()");
+  m.def("store_extend_attention(Tensor q_extend, Tensor k_extend, Tensor v_extend,"
       " Tensor(a!) o_extend, Tensor(b!) k_buffer, Tensor(c!) v_buffer, Tensor loc,"
       " Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor extend_seq_lens,"
       " Tensor extend_start_loc, float sm_scale, float key_scale, float value_scale,"
-      " float logit_cap, int window, Tensor? sinks, Tensor? tree_mask, bool is_causal) -> ()",
-      &store_extend_attention);
+      " float logit_cap, int window, Tensor? sinks, Tensor? tree_mask, bool is_causal) -> ()");
+}
+
+// CPU kernels, not catch-all ones: an op with a CPU kernel can carry a fake (meta)
+// implementation, which torch.compile needs to trace through it.
+TORCH_LIBRARY_IMPL(sgl_spec_native, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("extend_attention", &extend_attention);
+  m.impl("store_extend_attention", &store_extend_attention);
 }

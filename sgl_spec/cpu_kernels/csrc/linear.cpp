@@ -221,11 +221,16 @@ void gated_lora_add(const at::Tensor& x, at::Tensor& y, const at::Tensor& a, con
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sgl_spec_native, m) {
-  m.def("pack_linear_weight(Tensor weight) -> Tensor", &pack_linear_weight);
-  m.def("packed_linear(Tensor x, Tensor packed, int out, Tensor? bias) -> Tensor",
-        &packed_linear);
-  m.def(
-      "gated_lora_add(Tensor x, Tensor(a!) y, Tensor a, Tensor bt, Tensor spans, int width,"
-      " int first_gated) -> ()",
-      &gated_lora_add);
+  m.def("pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed, int out, Tensor? bias) -> Tensor");
+  m.def("gated_lora_add(Tensor x, Tensor(a!) y, Tensor a, Tensor bt, Tensor spans, int width,"
+      " int first_gated) -> ()");
+}
+
+// CPU kernels, not catch-all ones: an op with a CPU kernel can carry a fake (meta)
+// implementation, which torch.compile needs to trace through it.
+TORCH_LIBRARY_IMPL(sgl_spec_native, CPU, m) {
+  m.impl("pack_linear_weight", &pack_linear_weight);
+  m.impl("packed_linear", &packed_linear);
+  m.impl("gated_lora_add", &gated_lora_add);
 }

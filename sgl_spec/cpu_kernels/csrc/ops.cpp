@@ -251,19 +251,25 @@ void copy_kv_rows(const at::Tensor& data_ptrs, const at::Tensor& strides,
 }  // namespace
 
 TORCH_LIBRARY(sgl_spec_native, m) {
-  m.def("rmsnorm(Tensor input, Tensor weight, float eps) -> Tensor", &rmsnorm);
-  m.def("store_rows(Tensor src, Tensor(a!) cache, Tensor indices) -> ()", &store_rows);
-  m.def("fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()",
-        &fused_add_rmsnorm);
-  m.def(
-      "rope_neox(Tensor positions, Tensor query, Tensor key, int head_size,"
-      " Tensor cos_sin_cache) -> (Tensor, Tensor)",
-      &rope_neox);
-  m.def("silu_and_mul(Tensor input) -> Tensor", &silu_and_mul);
-  m.def(
-      "assign_req_to_token_pool(Tensor req_pool_indices, Tensor(a!) req_to_token,"
-      " Tensor start_offset, Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()",
-      &assign_req_to_token_pool);
-  m.def("copy_kv_rows(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()",
-        &copy_kv_rows);
+  m.def("rmsnorm(Tensor input, Tensor weight, float eps) -> Tensor");
+  m.def("store_rows(Tensor src, Tensor(a!) cache, Tensor indices) -> ()");
+  m.def("fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("rope_neox(Tensor positions, Tensor query, Tensor key, int head_size,"
+      " Tensor cos_sin_cache) -> (Tensor, Tensor)");
+  m.def("silu_and_mul(Tensor input) -> Tensor");
+  m.def("assign_req_to_token_pool(Tensor req_pool_indices, Tensor(a!) req_to_token,"
+      " Tensor start_offset, Tensor end_offset, Tensor out_cache_loc, int pool_len) -> ()");
+  m.def("copy_kv_rows(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()");
+}
+
+// CPU kernels, not catch-all ones: an op with a CPU kernel can carry a fake (meta)
+// implementation, which torch.compile needs to trace through it.
+TORCH_LIBRARY_IMPL(sgl_spec_native, CPU, m) {
+  m.impl("rmsnorm", &rmsnorm);
+  m.impl("store_rows", &store_rows);
+  m.impl("fused_add_rmsnorm", &fused_add_rmsnorm);
+  m.impl("rope_neox", &rope_neox);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("assign_req_to_token_pool", &assign_req_to_token_pool);
+  m.impl("copy_kv_rows", &copy_kv_rows);
 }

@@ -283,6 +283,48 @@ def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> 
     return json.loads(out.read_text())
 
 
+def timing_args(prog: str, argv: list[str]) -> argparse.Namespace:
+    """The options of an in-process timing script run through :func:`per_model`."""
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    p.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--ctx-len", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--json", default=f"{Path(prog).stem}.json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
+    if args.warmup < 0 or args.iters < 1:
+        p.error("--warmup must be >= 0, --iters >= 1")
+    return args
+
+
+def per_model(script: str, argv: list[str], args: argparse.Namespace, run_worker) -> dict:
+    """``main`` of an in-process timing script with ``--models``, ``--json`` and a hidden
+    ``--worker``: as a worker, time one model (``run_worker(model_path, args)``, a list of
+    points) into ``--json``; else run one worker process per model, with the launcher's
+    environment, and write their points with the command and host to ``--json``."""
+    from sgl_spec.models.registry import resolve_model_path
+
+    if args.worker is not None:
+        points = run_worker(resolve_model_path(args.worker), args)
+        Path(args.json).write_text(json.dumps(points) + "\n")
+        return {"points": points}
+    passthrough = [a for a in argv if not a.startswith("--json") and a != args.json]
+    points = []
+    for model in args.models.split(","):
+        out = Path(args.json).with_suffix(f".{Path(model).name}.part")
+        cmd = [sys.executable, script, *passthrough, "--worker", model, "--json", str(out)]
+        subprocess.run(cmd, check=True, env=launcher_env())
+        points += json.loads(out.read_text())
+        out.unlink()
+    result = {"command": " ".join([f"benchmarks/{Path(script).name}", *argv]),
+              "host": host_info(), "points": points}  # fmt: skip
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def pool_runs(runs: list[dict]) -> list[dict]:
     """Median over runs of each (model, batch size, tokens) point's medians."""
     pooled: dict[tuple, dict] = {}

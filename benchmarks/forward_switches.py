@@ -18,11 +18,9 @@ whether the logits are bit-identical.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,28 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import forward_cost  # noqa: E402
-from _bench_lib import host_info  # noqa: E402
-
-from sgl_spec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
 SWITCH = "SGLANG_EAGER_INPUT_NO_COPY"
 SWITCHES = ("eager_copy", "boundaries")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="forward_switches.py", allow_abbrev=False)
-    p.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
-    p.add_argument("--batch-sizes", default="1,8")
-    p.add_argument("--ctx-len", type=int, default=256)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=300)
-    p.add_argument("--json", default="forward_switches.json")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
-    if args.warmup < 0 or args.iters < 1:
-        p.error("--warmup must be >= 0, --iters >= 1")
-    return args
+    return forward_cost.timing_args("forward_switches.py", argv)
 
 
 def _set(runner, switch: str, on: bool) -> None:
@@ -107,26 +90,7 @@ def run_worker(model_path: str, args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str]) -> dict:
-    args = parse_args(argv)
-    from sgl_spec.models.registry import resolve_model_path
-
-    if args.worker is not None:
-        points = run_worker(resolve_model_path(args.worker), args)
-        Path(args.json).write_text(json.dumps(points) + "\n")
-        return {"points": points}
-    passthrough = [a for a in argv if not a.startswith("--json") and a != args.json]
-    points = []
-    for model in args.models.split(","):
-        out = Path(args.json).with_suffix(f".{Path(model).name}.part")
-        cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--worker", model,
-               "--json", str(out)]  # fmt: skip
-        subprocess.run(cmd, check=True, env=forward_cost.launcher_env())
-        points += json.loads(out.read_text())
-        out.unlink()
-    result = {"command": " ".join(["benchmarks/forward_switches.py", *argv]), "host": host_info(),
-              "points": points}  # fmt: skip
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    return forward_cost.per_model(str(Path(__file__).resolve()), argv, parse_args(argv), run_worker)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ PATCHES = (
     "cpu_eager_draft_select",
     "cpu_plain_llama",
     "cpu_kv_split",
+    "cpu_graph_guards",
 )
 
 

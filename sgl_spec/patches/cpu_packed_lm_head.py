@@ -29,10 +29,18 @@ TARGET = "sglang.srt.layers.logits_processor"
 _PARAMS = ["self", "hidden_states", "lm_head", "embedding_bias", "out"]
 
 
-def _module() -> ModuleType:
-    import importlib
+_UPSTREAM: dict[str, ModuleType] = {}  # the target module, looked up once
 
-    return importlib.import_module(TARGET)
+
+def _module() -> ModuleType:
+    """The target module, imported on the first call; a dict read after that, which
+    torch.compile traces (it cannot trace ``import_module``)."""
+    module = _UPSTREAM.get("module")
+    if module is None:
+        import importlib
+
+        module = _UPSTREAM["module"] = importlib.import_module(TARGET)
+    return module
 
 
 def check() -> None:

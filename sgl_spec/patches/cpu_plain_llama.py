@@ -36,6 +36,7 @@ from sgl_spec.config import SpecConfig
 
 TARGET = "sglang.srt.models.llama"
 ENV_SWITCH = "SGLSPEC_CPU_PLAIN_LLAMA"
+_AUX_LIST: dict[str, type] = {}  # upstream's AuxHiddenStateList, set by apply()
 _PARAMS = ["self", "input_ids", "positions", "forward_batch", "input_embeds", "pp_proxy_tensors"]
 
 
@@ -115,8 +116,8 @@ def plain_stack(model: Any) -> bool:
 def plain_forward(model: Any, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any):
     """The layer stack as the residual pair (module docstring); returns what upstream's
     forward returns: the normed hidden states, with the captured features if any."""
-    module = importlib.import_module(TARGET)
-    captured = module.AuxHiddenStateList()
+    # the class looked up at apply(): torch.compile cannot trace an import_module call here
+    captured = _AUX_LIST["cls"]()
     capture_at = set(model.layers_to_capture)
     hidden = model.embed_tokens(input_ids)
     residual = None
@@ -162,7 +163,9 @@ def _patched(original: Callable) -> Callable:
 
 
 def apply() -> bool:
-    cls = importlib.import_module(TARGET).LlamaModel
+    module = importlib.import_module(TARGET)
+    _AUX_LIST["cls"] = module.AuxHiddenStateList
+    cls = module.LlamaModel
     if getattr(cls.forward, "_sgl_spec_patched", False):
         return False
     cls.forward = _patched(cls.forward)

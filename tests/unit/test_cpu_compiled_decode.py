@@ -1,7 +1,9 @@
-"""SGLang's CPU graph runner compiles the shipped draft model's decode with our ops: the layer
-stack traces as one graph (every op has a fake that matches its kernel, our rotary embedding's
-included), each layer's K and V are separate allocations (``patches/cpu_kv_split.py``), and
-the compiled logits equal the eager ones bit for bit at batch 2."""
+"""SGLang's CPU graph runner compiles the shipped draft model's decode with our ops: the whole
+forward, layers and LM head, traces as one graph with no break (every op has a fake that
+matches its kernel, our rotary embedding's included; our patches' forward paths call nothing
+dynamo cannot trace), each layer's K and V are separate allocations
+(``patches/cpu_kv_split.py``), and the compiled logits equal the eager ones bit for bit at
+batch 2."""
 
 from __future__ import annotations
 
@@ -25,5 +27,6 @@ def test_compiled_decode_of_the_shipped_draft(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["kv_shared"] == [False] * result["layers"]
+    assert result["graphs"] == 1
     assert result["attention_ops_in_first_graph"] == result["layers"]
     assert result["logits_equal"] is True

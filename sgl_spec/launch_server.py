@@ -47,6 +47,19 @@ CPU_MALLOC_ENV = {
 CPU_ENGINE_ENV = {"SGLANG_EAGER_INPUT_NO_COPY": "1"}
 
 
+def keyed_inductor_cache(environ: dict[str, str]) -> None:
+    """Point torch.compile's cache (SGLang's CPU graph runner) at a directory of its own per
+    build of our ops (``native.graph_cache_key``) unless the user chose one: a graph cached
+    with other fakes or another KV layout would be replayed as it is."""
+    from sglang.srt.environ import third_party_cache_defaults
+
+    from sgl_spec.cpu_kernels import native
+
+    default = third_party_cache_defaults()["TORCHINDUCTOR_CACHE_DIR"]
+    if environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
+        environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-sgl-spec-{native.graph_cache_key()}"
+
+
 def checkpoint_dtype(model_path: str | None) -> str | None:
     """The ``dtype`` (or legacy ``torch_dtype``) a local model directory's config.json names."""
     config = read_model_config(model_path) or {}
@@ -81,6 +94,7 @@ def apply_cpu_defaults(
     rank_cores(launch.num_ranks, environ, launch.local_ranks, apart)
     for name, value in {**CPU_MALLOC_ENV, **CPU_ENGINE_ENV}.items():
         environ.setdefault(name, value)
+    keyed_inductor_cache(environ)
     if not has_flag(argv, "--attention-backend"):
         argv += ["--attention-backend", "intel_amx"]
     if not has_flag(argv, "--disable-overlap-schedule", "--enable-overlap-schedule"):

@@ -76,6 +76,19 @@ def library_path() -> Path:
     return root / f"{NAMESPACE}_{key.hexdigest()[:16]}.so"
 
 
+def graph_cache_key() -> str:
+    """A key for graphs torch.compile built around these ops: this host's build of the
+    library (source, torch, flags, CPU) and the Python that shapes a traced forward (the
+    fakes, our ops and SGLang patches). Inductor's own cache key sees neither a fake nor which
+    graph inputs alias one storage, so a graph cached before either changed would be served
+    after it."""
+    key = hashlib.sha256(library_path().name.encode())
+    package = Path(__file__).resolve().parents[1]
+    for source in sorted((*package.glob("cpu_kernels/*.py"), *package.glob("patches/*.py"))):
+        key.update(source.read_bytes())
+    return key.hexdigest()[:16]
+
+
 def _compile_command(out: Path) -> list[str]:
     import torch
     from torch.utils import cpp_extension

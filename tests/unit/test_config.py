@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from sgl_spec.config import ENV_VAR, ConfigError, SpecConfig, split_argv
+from sgl_spec.cpu_kernels import native
+from sgl_spec.cpu_kernels.native import graph_cache_key
 from sgl_spec.launch_server import apply_cpu_defaults
 
 
@@ -72,6 +74,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
     assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
     assert env["THP_MEM_ALLOC_ENABLE"] == "1"
     assert env["SGLANG_EAGER_INPUT_NO_COPY"] == "1"
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith(f"inductor-sgl-spec-{graph_cache_key()}")
     user = [
         "--device=cpu",
         "--attention-backend",
@@ -84,6 +87,7 @@ def test_cpu_defaults_respect_user_choices() -> None:
         "MALLOC_MMAP_THRESHOLD_": "65536",
         "THP_MEM_ALLOC_ENABLE": "0",
         "SGLANG_EAGER_INPUT_NO_COPY": "0",
+        "TORCHINDUCTOR_CACHE_DIR": "/somewhere/of/mine",
     }
     argv = apply_cpu_defaults(user, user_env)
     assert argv == user
@@ -92,6 +96,15 @@ def test_cpu_defaults_respect_user_choices() -> None:
     )
     assert user_env["THP_MEM_ALLOC_ENABLE"] == "0"
     assert user_env["SGLANG_EAGER_INPUT_NO_COPY"] == "0"
+    assert user_env["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/of/mine"
+
+
+def test_compiled_graphs_are_cached_per_build_of_our_ops(monkeypatch, tmp_path) -> None:
+    assert graph_cache_key() == graph_cache_key()
+    monkeypatch.setattr(native, "library_path", lambda: tmp_path / "sgl_spec_native_other.so")
+    other = graph_cache_key()
+    monkeypatch.undo()
+    assert other != graph_cache_key()
 
 
 def test_cpu_defaults_serve_a_float32_checkpoint_in_float32(tmp_path) -> None:

@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/compiled_forward.py --json benchmarks/results/compiled_forward.json
 
-Per model (the shipped target and draft, ``--models``) and batch size, in one process per
-model: the DECODE forward's ``model.forward`` eager, compiled as SGLang's CPU graph runner
-compiles it (its fakes and inductor settings, ``dynamic=False``) with dynamo's default guards,
+Per model (the shipped target and draft, ``--models``), batch size and ``--num-tokens`` (1: a
+DECODE forward; n > 1: a TARGET_VERIFY forward of an n-token chain, what every algorithm's
+verify runs, which SGLang's runner does not compile yet), in one process per model:
+``model.forward`` eager, compiled as SGLang's CPU graph runner compiles a decode (its fakes and
+inductor settings, ``dynamic=False``) with dynamo's default guards,
 and compiled with the guards on ``nn.Module`` attributes skipped (torch's
 ``skip_guard_on_all_nn_modules_unsafe``: a served model's modules do not change after start-up,
 and the graph holds its weights as frozen constants anyway); then the whole served eager forward
@@ -30,7 +32,7 @@ VARIANTS = ("eager", "compiled", "compiled_no_module_guards")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    return forward_cost.timing_args("compiled_forward.py", argv)
+    return forward_cost.timing_args("compiled_forward.py", argv, num_tokens=True)
 
 
 def _call(runner, fb, fn):
@@ -93,12 +95,24 @@ def _time_point(runner, fb, args: argparse.Namespace) -> dict:
     return point
 
 
+def _batch(runner, reqs, ctx: int, n: int):
+    """A DECODE batch (``n`` = 1) or a TARGET_VERIFY batch of an ``n``-token chain after
+    ``ctx`` cached tokens, and the KV slots it writes."""
+    if n == 1:
+        return forward_cost.decode_after(runner, reqs, ctx)
+    from gamma_tolerance import build_extend
+
+    batch, _ = build_extend(runner, reqs, ctx, ctx + n)
+    return forward_cost._verify_batch(runner, batch, n), batch.out_cache_loc
+
+
 def run_worker(model_path: str, args: argparse.Namespace) -> list[dict]:
     fc_args = forward_cost.parse_args(
-        ["--batch-sizes", ",".join(map(str, args.batch_sizes)), "--num-tokens", "1",
-         "--ctx-len", str(args.ctx_len)]
+        ["--batch-sizes", ",".join(map(str, args.batch_sizes)), "--num-tokens",
+         ",".join(map(str, args.num_tokens)), "--ctx-len", str(args.ctx_len)]
     )  # fmt: skip
     runner = forward_cost._load_runner(model_path, fc_args)
+    import torch._dynamo
     import torch._inductor.config
     from sglang.srt.model_executor import cpu_graph_runner
 
@@ -107,14 +121,19 @@ def run_worker(model_path: str, args: argparse.Namespace) -> list[dict]:
     torch._inductor.config.fx_graph_cache = False  # compile what this process has
     points = []
     for bs in args.batch_sizes:
-        reqs = forward_cost.prefilled(runner, bs, args.ctx_len, 2, random.Random(0))
-        fb = forward_cost.decode_after(runner, reqs, args.ctx_len)[0]
-        point = {"model": model_path, "batch_size": bs, **_time_point(runner, fb, args)}
-        points.append(point)
-        print(f"{Path(model_path).name} bs={bs}: eager {point['eager_ms']:.3f} ms, compiled "
-              f"{point['compiled_over_eager']:.3f}x, without module guards "
-              f"{point['compiled_no_module_guards_over_eager']:.3f}x, served eager "
-              f"{point['served_eager_ms']:.3f} ms", flush=True)  # fmt: skip
+        reqs = forward_cost.prefilled(runner, bs, args.ctx_len, max(args.num_tokens) + 1,
+                                      random.Random(0))  # fmt: skip
+        for n in args.num_tokens:
+            torch._dynamo.reset()  # each point's graphs alone in dynamo's cache
+            fb, locs = _batch(runner, reqs, args.ctx_len, n)
+            point = {"model": model_path, "batch_size": bs, "num_tokens": n,
+                     **_time_point(runner, fb, args)}  # fmt: skip
+            runner.token_to_kv_pool_allocator.free(locs)
+            points.append(point)
+            print(f"{Path(model_path).name} bs={bs} n={n}: eager {point['eager_ms']:.3f} ms, "
+                  f"compiled {point['compiled_over_eager']:.3f}x, without module guards "
+                  f"{point['compiled_no_module_guards_over_eager']:.3f}x, served eager "
+                  f"{point['served_eager_ms']:.3f} ms", flush=True)  # fmt: skip
     return points
 
 

@@ -283,9 +283,12 @@ def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> 
     return json.loads(out.read_text())
 
 
-def timing_args(prog: str, argv: list[str]) -> argparse.Namespace:
-    """The options of an in-process timing script run through :func:`per_model`."""
+def timing_args(prog: str, argv: list[str], num_tokens: bool = False) -> argparse.Namespace:
+    """The options of an in-process timing script run through :func:`per_model`;
+    ``num_tokens`` adds ``--num-tokens`` (1: a decode, n > 1: a verify of an n-token chain)."""
     p = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    if num_tokens:
+        p.add_argument("--num-tokens", default="1")
     p.add_argument("--models", default=f"{DEFAULT_TARGET},{DEFAULT_DRAFT}")
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--ctx-len", type=int, default=256)
@@ -295,6 +298,10 @@ def timing_args(prog: str, argv: list[str]) -> argparse.Namespace:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
+    if num_tokens:
+        args.num_tokens = [int(v) for v in args.num_tokens.split(",")]
+        if min(args.num_tokens) < 1:
+            p.error("--num-tokens must be >= 1")
     if args.warmup < 0 or args.iters < 1:
         p.error("--warmup must be >= 0, --iters >= 1")
     return args

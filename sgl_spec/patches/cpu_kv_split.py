@@ -39,7 +39,8 @@ def check() -> None:
             raise RuntimeError(f"{TARGET}: _create_buffers_normal changed ({text!r} gone)")
 
 
-def _shared(a: torch.Tensor, b: torch.Tensor) -> bool:
+def shared(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` are views of one allocation."""
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
@@ -47,13 +48,13 @@ def split(pool: object) -> bool:
     """Give each layer of ``pool`` (a CPU pool just created, so all zeros) K and V caches of
     their own where they share one allocation; returns whether it changed anything."""
     k_buffer, v_buffer = pool.k_buffer, pool.v_buffer
-    if not k_buffer or not any(_shared(k, v) for k, v in zip(k_buffer, v_buffer, strict=True)):
-        return False
+    changed = False
     for i, (k, v) in enumerate(zip(k_buffer, v_buffer, strict=True)):
-        if _shared(k, v):  # each half a fresh allocation; the fused one goes with the last view
+        if shared(k, v):  # each half a fresh allocation; the fused one goes with the last view
             k_buffer[i] = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
             v_buffer[i] = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    return True
+            changed = True
+    return changed
 
 
 def apply() -> bool:

@@ -37,8 +37,9 @@ def main(model: str, out_path: str) -> None:
     from sglang.srt.model_executor import cpu_graph_runner
 
     pool = runner.token_to_kv_pool
-    shared = [k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
-              for k, v in zip(pool.k_buffer, pool.v_buffer, strict=True)]  # fmt: skip
+    from sgl_spec.patches.cpu_kv_split import shared as one_allocation
+
+    shared = [one_allocation(k, v) for k, v in zip(pool.k_buffer, pool.v_buffer, strict=True)]
     cpu_graph_runner.register_fake_ops(1)
     cpu_graph_runner.set_torch_compile_config()
     torch._inductor.config.fx_graph_cache = False  # compile what this process has

@@ -100,6 +100,12 @@ class Algorithm(ABC):
         """With ``runs_as``: ``config`` recording that the launch asked for this algorithm."""
         return config
 
+    def marked(self, config: SpecConfig) -> bool:
+        """With ``runs_as``: whether ``config`` records that the launch asked for this
+        algorithm (``mark``) rather than for SGLang's own."""
+        del config
+        return False
+
     def sglang_argv(self, config: SpecConfig, argv: list[str]) -> list[str]:
         """With ``runs_as``: the SGLang argv the launch passes on, with the SGLang settings this
         algorithm's own choices need (``ValueError`` naming a flag that contradicts them)."""

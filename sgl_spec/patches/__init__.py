@@ -41,6 +41,7 @@ PATCHES = (
     "cpu_plain_llama",
     "cpu_kv_split",
     "cpu_graph_guards",
+    "cpu_spec_graphs",
 )
 
 

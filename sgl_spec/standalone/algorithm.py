@@ -45,6 +45,9 @@ class StandaloneFull(Algorithm):
     def mark(self, config: SpecConfig) -> SpecConfig:
         return replace(config, standalone_full_context=True)
 
+    def marked(self, config: SpecConfig) -> bool:
+        return config.standalone_full_context
+
     def settings(self, config: SpecConfig, launch: LaunchArgs) -> tuple[int | None, int | None]:
         """SGLang's STANDALONE checks; the draft shape (steps, verified tokens) as given."""
         from sgl_spec.algorithms import check_eagle_shape

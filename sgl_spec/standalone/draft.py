@@ -47,6 +47,7 @@ from sglang.srt.utils.common import fast_topk
 
 from sgl_spec.common.metrics import SpecMetrics
 from sgl_spec.standalone import NAME, catch_up
+from sgl_spec.standalone.compiled import compile_forwards
 
 
 def shift_seq_lens(batch: object, delta: int) -> None:
@@ -77,6 +78,7 @@ REPLACED = {
     },
     "draft": {"self", "batch", "with_topology"},
     "_draft_extend_for_decode": {"self", "batch", "batch_result", "kv_loc_plan"},
+    "_capture_cuda_graphs": {"self"},
 }  # fmt: skip
 
 
@@ -95,6 +97,15 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         ).startswith("cpu")
         # labelled with our name, STANDALONE_FULL (SGLang serves it as STANDALONE)
         self.spec_metrics = SpecMetrics(NAME, server_args) if wanted else None
+        self._forwards_compiled = False
+
+    def _capture_cuda_graphs(self) -> None:
+        """SGLang's (no draft graphs on CPU), then our compiled forwards where the launch asked
+        for them (``compiled.py``): here the pools and attention backends exist."""
+        super()._capture_cuda_graphs()
+        if not self._forwards_compiled:  # SGLang may call this again for a new runtime state
+            self._forwards_compiled = True
+            compile_forwards(self)
 
     def _propose(
         self,

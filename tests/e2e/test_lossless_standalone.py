@@ -95,6 +95,17 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
         # catch-up after each step without drafts
         "chain_cycle": [*_spec_args(t, d, CHAIN), "--standalone-steps", "cycle", *METRICS],
         "chain_identity_cycle": [*_spec_args(t, t, CHAIN), "--standalone-steps", "cycle"],
+        # every chain width and the plain decode compiled at start-up, at the batch of PROMPTS
+        "chain_compiled": [
+            *_spec_args(t, d, CHAIN),
+            "--standalone-steps",
+            "cycle",
+            "--enable-torch-compile",
+            "--cuda-graph-bs-decode",
+            str(len(PROMPTS)),
+            "--log-level",
+            "info",  # the graphs' log lines
+        ],
     }
 
 
@@ -162,6 +173,21 @@ def _check_identity(servers, baseline_greedy, name: str, max_accept: int) -> Non
 
 def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:
     _check_greedy(servers, baseline_greedy, "chain")
+
+
+def test_chain_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None:
+    """``--enable-torch-compile``: the target's verifies of every chain width and its plain
+    decode, and the draft model's decodes, compiled at start-up for the batch of all prompts
+    (``common/compiled_forwards.py``), serve the baseline's tokens, each on its graph."""
+    _check_greedy(servers, baseline_greedy, "chain_compiled")
+    log = servers("chain_compiled").log_path.read_text()
+    bs = len(PROMPTS)
+    for label in [f"target_verify bs={bs} n={n}" for n in (2, 3, 4)] + [
+        f"decode bs={bs} n=1",
+        f"draft-step decode bs={bs} n=1",
+    ]:
+        assert f"first forward on the compiled graph of {label}" in log, label
+    assert "served eager from now on" not in log and "stays eager" not in log
 
 
 def test_chain_sampling_matches_target(servers, law) -> None:

@@ -5,9 +5,6 @@ upstream's forward."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,17 +12,13 @@ import pytest
 
 from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
 from sgl_spec.patches import cpu_plain_llama
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.model_check import run_check
 
 
 def test_plain_stack_equals_upstream_on_the_shipped_target(tmp_path: Path) -> None:
-    out = tmp_path / "plain.json"
-    cmd = [sys.executable, str(REPO / "tests" / "helpers" / "plain_llama_check.py"),
-           resolve_model_path(DEFAULT_TARGET), str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_check(
+        "plain_llama_check.py", resolve_model_path(DEFAULT_TARGET), tmp_path, timeout=300
+    )
     assert result["serves"] is True
     assert set(result["cases"]) == {"prefill", "decode", "verify"}
     for name, case in result["cases"].items():

@@ -1,0 +1,315 @@
+"""Compiled layer stacks for our algorithms' forwards on the CPU engine (``--enable-torch-compile``).
+
+SGLang's CPU graph runner compiles only a non-speculative decode and refuses a speculative
+server (it asserts ``spec_algorithm.is_none()``; patch ``cpu_spec_graphs`` keeps it out of
+ours). Here an algorithm names the shapes its forwards take -- (forward mode, batch size,
+tokens per request): a verify of each chain width it may pick, a draft model's decode, a plain
+decode step -- and each model's layer stack (``model.model.forward``: embeddings, decoder
+layers, final norm) is compiled for them at start-up, one graph per shape. A forward of a
+captured shape then runs its graph; any other forward runs eager, as before.
+
+Nothing compiles while serving: graphs run under torch's ``fail_on_recompile`` stance, so a call
+whose guards do not hold (a shape, a constant of the batch, a mask that differs from the
+capture's) raises before the graph runs and is served eager; its shape is then left to eager for
+good and logged once.
+
+Why the layer stack and not the whole ``model.forward``: the logits processor reads the batch's
+``spec_info`` and per-step Python values (which rows, which hidden states to keep), which would
+fail a compiled graph's guards on every step; it is one GEMM and some indexing, and stays eager.
+
+Each graph compiles its own copy of the forward's code object: dynamo keeps compiled frames per
+code object, and with the guards on module attributes skipped (patch ``cpu_graph_guards``; they
+cost 10-17% of a forward to check) a draft model and its target, both ``LlamaModel``, would
+otherwise share one entry. ``fullgraph=True``: a graph break would leave parts of the forward to
+frames shared between models, so a shape that does not compile whole stays eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import types
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """One captured forward: ``mode`` a ``ForwardMode`` name (``DECODE`` or ``TARGET_VERIFY``),
+    ``tokens`` per request (1 for a decode; a chain verify's width); ``draft_steps``: a decode
+    whose attention backend reads the slots SGLang's multi-step draft backend planned for the
+    step (``draft_decode_metadata``) in place of the batch's."""
+
+    mode: str
+    batch_size: int
+    tokens: int
+    draft_steps: bool = False  # a decode of an EAGLE-style draft loop (the backend's own slots)
+
+
+def compile_requested(model_runner: Any) -> bool:
+    """Whether this runner's server asked for compiled forwards: ``--enable-torch-compile`` on
+    a CPU host."""
+    from sglang.srt.runtime_context import get_flags
+
+    return model_runner.device == "cpu" and bool(get_flags().capture.enable_torch_compile)
+
+
+def capture_batch_sizes(model_runner: Any) -> list[int]:
+    """The batch sizes SGLang's CPU graph runner would capture (``--cuda-graph-bs-decode``,
+    bounded by ``--torch-compile-max-bs`` and the request pool)."""
+    from sglang.srt.model_executor.cpu_graph_runner import get_batch_sizes_to_capture
+
+    return get_batch_sizes_to_capture(model_runner)
+
+
+def chain_shapes(
+    batch_sizes: Iterable[int], widths: Iterable[int], decode: bool, draft_steps: bool = False
+) -> list[Shape]:
+    """A decode per batch size (``decode``), a draft loop's decode per batch size
+    (``draft_steps``) and a chain verify per batch size and width."""
+    sizes = list(batch_sizes)
+    shapes = [Shape("TARGET_VERIFY", bs, n) for bs in sizes for n in widths if n > 1]
+    shapes += [Shape("DECODE", bs, 1) for bs in sizes if decode]
+    shapes += [Shape("DECODE", bs, 1, draft_steps=True) for bs in sizes if draft_steps]
+    return sorted(set(shapes))
+
+
+class _ChainVerify:
+    """The ``spec_info`` a capture's verify batch carries: what the CPU attention backend reads
+    to plan a verify (a chain of ``draft_token_num`` tokens, its causal mask built in)."""
+
+    tree_topk = 1
+    custom_mask = None
+
+    def __init__(self, draft_token_num: int) -> None:
+        self.draft_token_num = draft_token_num
+
+
+def _own_code(bound: Callable, tag: str) -> Callable:
+    """``bound`` (a bound method) with its own copy of the function's code object."""
+    func = bound.__func__
+    code = func.__code__.replace(co_name=f"{func.__code__.co_name}__{tag}")
+    copy = types.FunctionType(code, func.__globals__, code.co_name, func.__defaults__,
+                              func.__closure__)  # fmt: skip
+    copy.__kwdefaults__ = func.__kwdefaults__
+    return types.MethodType(copy, bound.__self__)
+
+
+def _capture_batch(model_runner: Any, shape: Shape) -> Any:
+    """A batch of ``shape`` that reads and writes only the pools' reserved row and slot 0."""
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
+
+    bs, num = shape.batch_size, shape.batch_size * shape.tokens
+    mode = ForwardMode[shape.mode]
+    prefix = torch.ones(bs, dtype=torch.int64)  # one cached token: slot 0
+    seq_lens = prefix + 1 if mode == ForwardMode.DECODE else prefix
+    fb = ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.zeros(num, dtype=torch.int64),
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64),
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()),
+        out_cache_loc=torch.zeros(num, dtype=torch.int64),
+        positions=torch.zeros(num, dtype=torch.int64),
+        spec_algorithm=model_runner.spec_algorithm,
+        spec_info=_ChainVerify(shape.tokens) if mode == ForwardMode.TARGET_VERIFY else None,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        return_hidden_states_before_norm=False,
+    )
+    model_runner.kv_index_translator.bind_own_plan(fb)
+    return fb
+
+
+def _shape_of(input_ids: torch.Tensor, forward_batch: Any) -> Shape | None:
+    from sglang.srt.model_executor.forward_context import get_forward_context
+
+    bs = forward_batch.batch_size
+    if bs <= 0 or input_ids is None or input_ids.shape[0] % bs:
+        return None
+    backend = get_forward_context().attn_backend
+    steps = getattr(backend, "draft_decode_metadata", None) is not None
+    return Shape(forward_batch.forward_mode.name, bs, input_ids.shape[0] // bs, steps)
+
+
+def _draft_step_metadata(backend: Any, fb: Any) -> tuple:
+    """What SGLang's multi-step draft backend gives one step's backend: a slot table with a row
+    per request, the lengths, the rows (here all slot 0)."""
+    req_to_token = backend.req_to_token_pool.req_to_token
+    rows = torch.zeros((fb.batch_size, req_to_token.shape[1]), dtype=req_to_token.dtype)
+    return rows, fb.seq_lens.clone(), torch.arange(fb.batch_size, dtype=torch.int64)
+
+
+_RECOMPILE = "Detected recompile"  # the start of the error torch's fail_on_recompile raises
+MAX_REFUSALS = 4  # calls of a shape its graph's guards may refuse before it runs eager for good
+
+
+def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` with the strides of a fresh tensor of its shape (the capture's): a graph guards on
+    strides, and a draft step's slots are a column of a [batch, steps] table."""
+    if t is None:
+        return t
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= size
+    if t.stride() == tuple(reversed(strides)):
+        return t
+    return t.new_empty(t.shape).copy_(t)
+
+
+class CompiledStack:
+    """One model's layer stack with its captured graphs; installed as the stack's ``forward``
+    (``install``), where the model's own forward calls it."""
+
+    def __init__(self, model_runner: Any, name: str) -> None:
+        self.runner = model_runner
+        self.name = name
+        self.stack = model_runner.model.model
+        self.eager = self.stack.forward  # the class's forward, bound
+        self.graphs: dict[Shape, Callable] = {}
+        self.served: set[Shape] = set()
+        self.refusals: dict[Shape, int] = {}
+
+    def capture(self, shapes: Iterable[Shape]) -> None:
+        """Compile and run one graph per shape (a shape that does not compile whole is logged
+        and left eager)."""
+        from sglang.srt.model_executor import cpu_graph_runner
+        from sglang.srt.runtime_context import get_parallel
+
+        cpu_graph_runner.register_fake_ops(get_parallel().tp_size)
+        cpu_graph_runner.set_torch_compile_config()
+        tic = time.perf_counter()
+        for shape in shapes:
+            try:
+                self.graphs[shape] = self._capture_one(shape)
+            except Exception as exc:  # a shape that cannot compile runs eager
+                logger.warning("%s: %s stays eager, its compile failed: %s", self.name, shape,
+                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+        logger.info("%s: compiled %d forward shape(s) in %.1f s: %s", self.name, len(self.graphs),
+                    time.perf_counter() - tic, ", ".join(map(_label, sorted(self.graphs))))  # fmt: skip
+
+    def _capture_one(self, shape: Shape) -> Callable:
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        runner, backend = self.runner, self.runner.attn_backend
+        fb = _capture_batch(runner, shape)
+        width = getattr(backend, "num_draft_tokens", None)
+        if shape.mode == "TARGET_VERIFY":
+            backend.num_draft_tokens = shape.tokens  # as the backend of that verify width has it
+        tag = f"{self.name}_{shape.mode}_{shape.batch_size}_{shape.tokens}_{int(shape.draft_steps)}"
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        graph = torch.compile(_own_code(self.eager, tag), dynamic=False, fullgraph=True,
+                              options=options)  # fmt: skip
+        try:
+            with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend),
+                                                  forward_batch=fb):  # fmt: skip
+                backend.init_forward_metadata(fb)
+                if shape.draft_steps:
+                    backend.draft_decode_metadata = _draft_step_metadata(backend, fb)
+                self.eager(fb.input_ids, fb.positions, fb)  # modules resolve their ops eagerly
+                for _ in range(2):
+                    graph(fb.input_ids, fb.positions, fb)
+        finally:
+            backend.num_draft_tokens = width
+            if shape.draft_steps:
+                backend.draft_decode_metadata = None
+        return graph
+
+    def _refused(self, shape: Shape, exc: BaseException) -> None:
+        self.refusals[shape] = self.refusals.get(shape, 0) + 1
+        logger.debug("%s: %s refused: %s", self.name, _label(shape), _reason(exc))
+        if self.refusals[shape] >= MAX_REFUSALS:
+            del self.graphs[shape]
+            logger.warning("%s: %s served eager from now on, its graph's guards failed %d times: %s",
+                           self.name, _label(shape), MAX_REFUSALS, _reason(exc))  # fmt: skip
+
+    def install(self) -> None:
+        if self.graphs:
+            self.stack.forward = self  # an instance attribute: nn.Module.__call__ reaches it
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: Any,
+        input_embeds: torch.Tensor | None = None,
+        pp_proxy_tensors: Any = None,
+    ) -> Any:
+        graph = None
+        if input_embeds is None and pp_proxy_tensors is None:
+            shape = _shape_of(input_ids, forward_batch)
+            graph = self.graphs.get(shape)
+        if graph is None:
+            return self.eager(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+        input_ids, positions = _dense(input_ids), _dense(positions)
+        forward_batch.out_cache_loc = _dense(forward_batch.out_cache_loc)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                out = graph(input_ids, positions, forward_batch)
+        except RuntimeError as exc:
+            if not str(exc).startswith(_RECOMPILE):
+                raise
+            # the guards refused this call before the graph ran: serve it eager. A state set up
+            # by a module's first eager call (an attention backend of another verify width
+            # caches what it learnt of its pool) passes them the next time; a shape refused
+            # MAX_REFUSALS times runs eager from then on.
+            self._refused(shape, exc)
+            return self.eager(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+        if shape not in self.served:
+            self.served.add(shape)
+            logger.info("%s: first forward on the compiled graph of %s", self.name, _label(shape))
+        return out
+
+
+def _reason(exc: BaseException) -> str:
+    """The guard failures torch names in a fail_on_recompile error (its first lines)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith("-") or "guard" in line.lower()]
+    return " | ".join((failed or lines)[:4])
+
+
+def _label(shape: Shape) -> str:
+    kind = "draft-step decode" if shape.draft_steps else shape.mode.lower()
+    return f"{kind} bs={shape.batch_size} n={shape.tokens}"
+
+
+@contextlib.contextmanager
+def unscoped() -> Iterator[None]:
+    """Without the scoped parallel overrides active here (a draft worker's ``draft_tp_context``,
+    around SGLang's call of its graph capture): a graph guards on them (how many there are),
+    and the forwards it serves run outside that scope."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    saved = parallel._overrides
+    parallel._overrides = {}
+    try:
+        yield
+    finally:
+        parallel._overrides = saved
+
+
+def compile_stacks(model_runner: Any, name: str, shapes: Iterable[Shape]) -> CompiledStack | None:
+    """Compile ``model_runner``'s layer stack for ``shapes`` where the server asked for
+    compiled forwards (``compile_requested``); ``None`` elsewhere, or where the model has no
+    layer stack at ``model.model``. Captured outside the caller's scoped parallel overrides
+    (``unscoped``), as on one rank both the target and a draft model are served."""
+    if not compile_requested(model_runner) or not hasattr(model_runner.model, "model"):
+        return None
+    compiled = CompiledStack(model_runner, name)
+    with unscoped():
+        compiled.capture(shapes)
+    compiled.install()
+    return compiled

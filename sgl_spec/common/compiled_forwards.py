@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._dynamo
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,15 @@ class Shape:
     """One captured forward: ``mode`` a ``ForwardMode`` name (``DECODE`` or ``TARGET_VERIFY``),
     ``tokens`` per request (1 for a decode; a chain verify's width); ``draft_steps``: a decode
     whose attention backend reads the slots SGLang's multi-step draft backend planned for the
-    step (``draft_decode_metadata``) in place of the batch's."""
+    step (``draft_decode_metadata``) in place of the batch's; ``tree``: a verify whose attention
+    reads a tree mask (``custom_mask``, one dynamic dimension: its length follows the requests'
+    lengths)."""
 
     mode: str
     batch_size: int
     tokens: int
     draft_steps: bool = False  # a decode of an EAGLE-style draft loop (the backend's own slots)
+    tree: bool = False  # a verify under a tree mask (else a chain, the kernel's causal mask)
 
 
 def compile_requested(model_runner: Any) -> bool:
@@ -68,27 +72,35 @@ def capture_batch_sizes(model_runner: Any) -> list[int]:
     return get_batch_sizes_to_capture(model_runner)
 
 
-def chain_shapes(
-    batch_sizes: Iterable[int], widths: Iterable[int], decode: bool, draft_steps: bool = False
+def forward_shapes(
+    batch_sizes: Iterable[int],
+    widths: Iterable[int],
+    decode: bool,
+    draft_steps: bool = False,
+    tree: bool = False,
 ) -> list[Shape]:
     """A decode per batch size (``decode``), a draft loop's decode per batch size
-    (``draft_steps``) and a chain verify per batch size and width."""
+    (``draft_steps``) and a verify per batch size and width (a chain, or under a tree mask)."""
     sizes = list(batch_sizes)
-    shapes = [Shape("TARGET_VERIFY", bs, n) for bs in sizes for n in widths if n > 1]
+    shapes = [Shape("TARGET_VERIFY", bs, n, tree=tree) for bs in sizes for n in widths if n > 1]
     shapes += [Shape("DECODE", bs, 1) for bs in sizes if decode]
     shapes += [Shape("DECODE", bs, 1, draft_steps=True) for bs in sizes if draft_steps]
     return sorted(set(shapes))
 
 
-class _ChainVerify:
+class _CaptureVerify:
     """The ``spec_info`` a capture's verify batch carries: what the CPU attention backend reads
-    to plan a verify (a chain of ``draft_token_num`` tokens, its causal mask built in)."""
+    to plan a verify of ``draft_token_num`` tokens a request: a chain (top-k 1, the kernel's
+    causal mask) or a tree (top-k -1, irregular: the custom mask, here all visible)."""
 
-    tree_topk = 1
-    custom_mask = None
-
-    def __init__(self, draft_token_num: int) -> None:
-        self.draft_token_num = draft_token_num
+    def __init__(self, shape: Shape, prefix: int) -> None:
+        self.draft_token_num = shape.tokens
+        self.tree_topk = -1 if shape.tree else 1
+        self.custom_mask = None
+        if shape.tree:
+            n = shape.tokens
+            self.custom_mask = torch.ones(shape.batch_size * n * (prefix + n), dtype=torch.bool)
+            torch._dynamo.mark_dynamic(self.custom_mask, 0)  # as long as the requests are
 
 
 def _own_code(bound: Callable, tag: str) -> Callable:
@@ -124,7 +136,7 @@ def _capture_batch(model_runner: Any, shape: Shape) -> Any:
         out_cache_loc=torch.zeros(num, dtype=torch.int64),
         positions=torch.zeros(num, dtype=torch.int64),
         spec_algorithm=model_runner.spec_algorithm,
-        spec_info=_ChainVerify(shape.tokens) if mode == ForwardMode.TARGET_VERIFY else None,
+        spec_info=_CaptureVerify(shape, 1) if mode == ForwardMode.TARGET_VERIFY else None,
         capture_hidden_mode=CaptureHiddenMode.NULL,
         return_hidden_states_before_norm=False,
     )
@@ -140,7 +152,10 @@ def _shape_of(input_ids: torch.Tensor, forward_batch: Any) -> Shape | None:
         return None
     backend = get_forward_context().attn_backend
     steps = getattr(backend, "draft_decode_metadata", None) is not None
-    return Shape(forward_batch.forward_mode.name, bs, input_ids.shape[0] // bs, steps)
+    mode = forward_batch.forward_mode
+    extend = getattr(backend, "extend_metadata", None) if mode.is_target_verify() else None
+    tree = extend is not None and extend[3] is not None  # (lens..., tree_mask)
+    return Shape(mode.name, bs, input_ids.shape[0] // bs, steps, tree)
 
 
 def _draft_step_metadata(backend: Any, fb: Any) -> tuple:
@@ -173,9 +188,13 @@ class CompiledStack:
     """One model's layer stack with its captured graphs; installed as the stack's ``forward``
     (``install``), where the model's own forward calls it."""
 
-    def __init__(self, model_runner: Any, name: str) -> None:
+    def __init__(self, model_runner: Any, name: str, width_per_backend: bool = False) -> None:
         self.runner = model_runner
         self.name = name
+        # each verify width served by an attention backend planned for it (SGLang's runtime
+        # states per step count): a verify's width is a constant of its graph, as that backend
+        # has it; else the one backend's width, the server's, for every verify
+        self.width_per_backend = width_per_backend
         self.stack = model_runner.model.model
         self.eager = self.stack.forward  # the class's forward, bound
         self.graphs: dict[Shape, Callable] = {}
@@ -206,9 +225,10 @@ class CompiledStack:
         runner, backend = self.runner, self.runner.attn_backend
         fb = _capture_batch(runner, shape)
         width = getattr(backend, "num_draft_tokens", None)
-        if shape.mode == "TARGET_VERIFY":
-            backend.num_draft_tokens = shape.tokens  # as the backend of that verify width has it
-        tag = f"{self.name}_{shape.mode}_{shape.batch_size}_{shape.tokens}_{int(shape.draft_steps)}"
+        if shape.mode == "TARGET_VERIFY" and self.width_per_backend:
+            backend.num_draft_tokens = shape.tokens
+        tag = "_".join(map(str, (self.name, shape.mode, shape.batch_size, shape.tokens,
+                                 int(shape.draft_steps), int(shape.tree))))  # fmt: skip
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         graph = torch.compile(_own_code(self.eager, tag), dynamic=False, fullgraph=True,
                               options=options)  # fmt: skip
@@ -282,6 +302,7 @@ def _reason(exc: BaseException) -> str:
 
 def _label(shape: Shape) -> str:
     kind = "draft-step decode" if shape.draft_steps else shape.mode.lower()
+    kind += " (tree)" if shape.tree else ""
     return f"{kind} bs={shape.batch_size} n={shape.tokens}"
 
 
@@ -301,14 +322,17 @@ def unscoped() -> Iterator[None]:
         parallel._overrides = saved
 
 
-def compile_stacks(model_runner: Any, name: str, shapes: Iterable[Shape]) -> CompiledStack | None:
+def compile_stacks(
+    model_runner: Any, name: str, shapes: Iterable[Shape], width_per_backend: bool = False
+) -> CompiledStack | None:
     """Compile ``model_runner``'s layer stack for ``shapes`` where the server asked for
     compiled forwards (``compile_requested``); ``None`` elsewhere, or where the model has no
     layer stack at ``model.model``. Captured outside the caller's scoped parallel overrides
-    (``unscoped``), as on one rank both the target and a draft model are served."""
+    (``unscoped``), as on one rank both the target and a draft model are served.
+    ``width_per_backend``: see ``CompiledStack``."""
     if not compile_requested(model_runner) or not hasattr(model_runner.model, "model"):
         return None
-    compiled = CompiledStack(model_runner, name)
+    compiled = CompiledStack(model_runner, name, width_per_backend)
     with unscoped():
         compiled.capture(shapes)
     compiled.install()

@@ -8,6 +8,7 @@ or a draft-server process).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +18,12 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative import eagle_utils
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from sgl_spec.common import compiled_forwards
 from sgl_spec.common.draft_input import CarriedDraftInput
 from sgl_spec.common.metrics import SpecMetrics
 from sgl_spec.control.step_times import StepClock
+
+logger = logging.getLogger(__name__)
 
 
 class TargetWrappingWorker(BaseSpecWorker):
@@ -38,6 +42,27 @@ class TargetWrappingWorker(BaseSpecWorker):
         self.tree_mask_mode = eagle_utils.default_tree_mask_mode()
         self.metrics = SpecMetrics(self.name, server_args)
         self._clock = StepClock()
+
+    def init_cuda_graphs(self) -> None:
+        """SGLang's (no draft worker of its own: nothing), then the target's compiled forwards
+        where the launch asked for them (``--enable-torch-compile`` on CPU; ``compiled_shapes``):
+        here the pools and attention backends exist."""
+        super().init_cuda_graphs()
+        runner = self.model_runner
+        if not compiled_forwards.compile_requested(runner):
+            return
+        shapes = self.compiled_shapes(compiled_forwards.capture_batch_sizes(runner))
+        if shapes:
+            compiled_forwards.compile_stacks(runner, "target", shapes)
+        else:
+            logger.info("%s: --enable-torch-compile compiles none of its forwards", self.name)
+
+    def compiled_shapes(self, batch_sizes: list[int]) -> list[compiled_forwards.Shape]:
+        """The target forwards this algorithm runs that are compiled at start-up, at each of
+        ``batch_sizes``; none unless the algorithm says (a forward whose modules change state
+        per call, as a gated adapter's, must not be compiled)."""
+        del batch_sizes
+        return []
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted

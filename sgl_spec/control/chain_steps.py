@@ -39,6 +39,16 @@ def steps_controller(max_steps: int, alpha: float = 0.7, **tuning: Any) -> Specu
     return SpeculationController(None, DrafterCost(0.0), config)
 
 
+def chain_widths(mode: str, max_steps: int) -> tuple[list[int], bool]:
+    """The verify widths (drafts + 1) the steps of a chain at ``mode`` may run, and whether a
+    step may run without drafts (a plain decode)."""
+    if mode == "fixed":
+        return [max_steps + 1], False
+    if mode == "off":
+        return [], True
+    return list(range(2, max_steps + 2)), True  # auto, cycle: 1 .. max_steps drafts, or none
+
+
 class ChainSteps:
     """The number of drafts of each decode step (module docstring); ``choose`` before the
     step, ``observe`` the acceptance of the requests that were offered that many drafts;

@@ -49,10 +49,11 @@ import numpy as np
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 
+from sgl_spec.common import compiled_forwards
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
-from sgl_spec.control.chain_steps import ChainSteps
+from sgl_spec.control.chain_steps import ChainSteps, chain_widths
 from sgl_spec.minedraft.batch_manager import BatchManager, StepPlan
 from sgl_spec.minedraft.draft_launch import start_ranked_link
 from sgl_spec.minedraft.feature_cache import TargetFeatureCache
@@ -106,6 +107,12 @@ class MineDraftWorker(TargetWrappingWorker):
         self.controller = self.steps.controller
         self.catch_up_tokens = catch_up_tokens()
         self.k = settings.num_steps  # this step's drafts per request (its width is k + 1)
+
+    def compiled_shapes(self, batch_sizes: list[int]) -> list[compiled_forwards.Shape]:
+        """The verify of each width the step policy may pick (chains of one width per
+        sub-batch, verified as trees), and the plain decode where it may draft nothing."""
+        widths, decode = chain_widths(self.steps.mode, self.steps.max_steps)
+        return compiled_forwards.forward_shapes(batch_sizes, widths, decode, tree=True)
 
     def _capture_features(self) -> torch.Tensor:
         """Ask the target for the drafter's (low, mid, top) layer outputs, as SPECBLOCK does;

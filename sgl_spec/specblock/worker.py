@@ -30,6 +30,7 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
+from sgl_spec.common import compiled_forwards
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
@@ -115,6 +116,12 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             )
 
     # ---- set-up ------------------------------------------------------------------------------
+
+    def compiled_shapes(self, batch_sizes: list[int]) -> list[compiled_forwards.Shape]:
+        """Each node budget's tree verify, and the plain decode of a budget of 1."""
+        return compiled_forwards.forward_shapes(
+            batch_sizes, self.budgets, decode=1 in self.budgets, tree=True
+        )
 
     def _load_drafter(self, path: str) -> SpecBlockDrafter:
         try:

@@ -10,18 +10,9 @@ import logging
 from typing import Any
 
 from sgl_spec.common import compiled_forwards
+from sgl_spec.control.chain_steps import chain_widths
 
 logger = logging.getLogger(__name__)
-
-
-def target_widths(mode: str | None, steps: int, num_draft_tokens: int) -> tuple[list[int], bool]:
-    """The verify widths a STANDALONE_FULL step may run at ``--standalone-steps mode``, and
-    whether it may run a plain decode step instead."""
-    if mode in (None, "fixed"):
-        return [num_draft_tokens], False
-    if mode == "off":
-        return [], True
-    return list(range(2, steps + 2)), True  # auto, cycle: 1 .. steps drafts, or none
 
 
 def compile_forwards(draft_worker: Any) -> None:
@@ -38,13 +29,12 @@ def compile_forwards(draft_worker: Any) -> None:
         return
     sizes = compiled_forwards.capture_batch_sizes(target)
     steps = draft_worker.speculative_num_steps
-    widths, decode = target_widths(process_config().standalone_steps, steps,
-                                   draft_worker.speculative_num_draft_tokens)  # fmt: skip
-    compiled_forwards.compile_stacks(
-        target, "target", compiled_forwards.chain_shapes(sizes, widths, decode)
-    )
+    widths, decode = chain_widths(process_config().standalone_steps or "fixed", steps)
+    target_shapes = compiled_forwards.forward_shapes(sizes, widths, decode)
+    # each step count has its own runtime state, its target backend planned for its width
+    compiled_forwards.compile_stacks(target, "target", target_shapes, width_per_backend=True)
     compiled_forwards.compile_stacks(
         draft_worker.draft_runner,
         "draft",
-        compiled_forwards.chain_shapes(sizes, [], True, draft_steps=steps > 1),
+        compiled_forwards.forward_shapes(sizes, [], True, draft_steps=steps > 1),
     )

@@ -28,6 +28,7 @@ from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
 from tests.helpers.lossless import (
     LONG_PROMPTS,
     PROMPTS,
+    assert_compiled_forwards_served,
     assert_greedy_under_concurrent_load,
     assert_speculative_sampling_law,
     joint_law,
@@ -81,6 +82,15 @@ def servers(tiny_models, drafter, tmp_path_factory):
             "specblock_adapt": adapt,
             "specblock_cycle": _specblock_args(tiny_models["target"], drafter, budget="cycle"),
             "specblock_auto": _specblock_args(tiny_models["target"], drafter, budget="auto"),
+            # every budget's tree verify and the plain decode compiled at start-up for the
+            # batch sizes of assert_greedy_under_concurrent_load
+            "specblock_compiled": [
+                *_specblock_args(tiny_models["target"], drafter, budget="cycle"),
+                "--enable-torch-compile",
+                "--cuda-graph-bs-decode",
+                str(len(LONG_PROMPTS)),
+                str(len(PROMPTS)),
+            ],
         },
         tmp_path_factory.mktemp("specblock_logs"),
     )
@@ -153,6 +163,17 @@ def test_sampling_matches_target(servers, tiny_models) -> None:
         alpha=ALPHA,
         min_cells=10,
     )
+
+
+def test_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None:
+    """``--enable-torch-compile``: the target's tree verify of every node budget and its plain
+    decode, compiled at start-up (``common/compiled_forwards.py``; the tree mask's length
+    follows the requests'), serve the baseline's tokens, each on its graph."""
+    server = servers("specblock_compiled")
+    assert_greedy_under_concurrent_load(server, baseline_greedy)
+    bs = len(PROMPTS)
+    labels = [f"target_verify (tree) bs={bs} n={n}" for n in (2, 4, 8, 16)]
+    assert_compiled_forwards_served(server.log_path.read_text(), [*labels, f"decode bs={bs} n=1"])
 
 
 def test_greedy_equals_baseline_with_controller_budgets(servers, baseline_greedy) -> None:

@@ -39,6 +39,23 @@ def _verify(runner, reqs, ctx: int, n: int):
     return forward_cost._verify_batch(runner, batch, n), batch.out_cache_loc
 
 
+class _Tree:
+    """A verify's ``spec_info`` under a tree mask: a star (every node a child of the first)."""
+
+    tree_topk = -1
+
+    def __init__(self, seq_lens, n: int) -> None:
+        import torch
+
+        masks = []
+        for prefix in seq_lens.tolist():
+            mask = torch.zeros(n, prefix + n, dtype=torch.bool)
+            mask[:, : prefix + 1] = True
+            mask[torch.arange(n), prefix + torch.arange(n)] = True
+            masks.append(mask.flatten())
+        self.draft_token_num, self.custom_mask = n, torch.cat(masks)
+
+
 def _compare(runner, stack, fb) -> dict:
     """The stack's output served through the installed dispatcher and eager."""
     import torch
@@ -61,16 +78,19 @@ def main(model: str, out_path: str) -> None:
     from sgl_spec.common.compiled_forwards import CompiledStack, Shape
 
     torch._inductor.config.fx_graph_cache = False  # compile what this process has
-    stack = CompiledStack(runner, "check")
-    stack.capture([Shape("DECODE", BS, 1), Shape("TARGET_VERIFY", BS, WIDTH)])
+    stack = CompiledStack(runner, "check", width_per_backend=True)  # verifies set their width
+    stack.capture([Shape("DECODE", BS, 1), Shape("TARGET_VERIFY", BS, WIDTH),
+                   Shape("TARGET_VERIFY", BS, WIDTH, tree=True)])  # fmt: skip
     stack.install()
     graphs_after_capture = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    result: dict = {"captured": sorted(f"{s.mode}:{s.tokens}" for s in stack.graphs)}
+    result: dict = {"captured": sorted(f"{s.mode}:{s.tokens}:{int(s.tree)}" for s in stack.graphs)}
     rng = random.Random(0)
     for ctx in (20, 33):  # other lengths than the capture's, other KV slots
         reqs = forward_cost.prefilled(runner, BS, ctx, WIDTH + 2, rng)
         fb, locs = _verify(runner, reqs, ctx, WIDTH)
         result[f"verify_{ctx}"] = _compare(runner, stack, fb)
+        fb.spec_info = _Tree(fb.seq_lens, WIDTH)  # the same tokens under a tree mask
+        result[f"tree_{ctx}"] = _compare(runner, stack, fb)
         runner.token_to_kv_pool_allocator.free(locs)
         fb, locs = forward_cost.decode_after(runner, reqs, ctx)
         fb.out_cache_loc = torch.stack([locs, locs], dim=1)[:, 0]  # a strided column

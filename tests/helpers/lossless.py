@@ -239,3 +239,12 @@ def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> fl
     meta = [o["meta_info"] for o in [*out, *single]]
     assert all(m["spec_verify_ct"] > 0 for m in meta)
     return sum(m["spec_accept_length"] for m in meta) / len(meta)
+
+
+def assert_compiled_forwards_served(log: str, labels: list[str]) -> None:
+    """A server's log (``--log-level info``) shows each of ``labels`` (``compiled_forwards.
+    _label``: ``target_verify (tree) bs=8 n=4``) run on its compiled graph, and no captured
+    shape left to eager (its compile failed, or its guards refused it for good)."""
+    for label in labels:
+        assert f"first forward on the compiled graph of {label}" in log, label
+    assert "served eager from now on" not in log and "stays eager" not in log

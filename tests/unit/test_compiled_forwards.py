@@ -1,7 +1,7 @@
 """Compiled layer stacks for our algorithms' forwards (``sgl_spec/common/compiled_forwards.py``,
 ``--enable-torch-compile`` on CPU): the shapes each algorithm asks for, and a stack compiled for
-a decode and a chain verify that serves those shapes bit-identically to the eager stack at other
-lengths and KV slots (a strided slot column included), leaves other shapes and calls its guards
+a decode, a chain verify and a tree verify that serves those shapes bit-identically to the eager stack at other
+lengths, KV slots and tree-mask lengths (a strided slot column included), leaves other shapes and calls its guards
 refuse to the eager stack, and compiles nothing after capture."""
 
 from __future__ import annotations
@@ -12,30 +12,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sgl_spec.common.compiled_forwards import Shape, _dense, _reason, chain_shapes
+from sgl_spec.common.compiled_forwards import Shape, _dense, _reason, forward_shapes
+from sgl_spec.control.chain_steps import chain_widths
 from sgl_spec.models.registry import DEFAULT_DRAFT, resolve_model_path
-from sgl_spec.standalone.compiled import target_widths
 from tests.helpers.model_check import run_check
 from tests.helpers.native_kernels import require_native
 
 
-def test_chain_shapes_name_each_width_decode_and_draft_step_once() -> None:
-    shapes = chain_shapes([1, 2], [1, 3, 2, 3], decode=True, draft_steps=True)
+def test_forward_shapes_name_each_width_decode_and_draft_step_once() -> None:
+    shapes = forward_shapes([1, 2], [1, 3, 2, 3], decode=True, draft_steps=True)
     assert shapes == sorted(set(shapes))
     assert Shape("TARGET_VERIFY", 2, 3) in shapes and Shape("TARGET_VERIFY", 1, 2) in shapes
     assert not any(s.mode == "TARGET_VERIFY" and s.tokens == 1 for s in shapes)
     assert Shape("DECODE", 1, 1) in shapes and Shape("DECODE", 2, 1, draft_steps=True) in shapes
     assert len(shapes) == 2 * 2 + 2 + 2
-    assert chain_shapes([4], [], decode=False) == []
+    assert forward_shapes([4], [], decode=False) == []
 
 
 @pytest.mark.parametrize(
     ("mode", "widths", "decode"),
-    [(None, [4], False), ("fixed", [4], False), ("off", [], True), ("auto", [2, 3, 4], True),
+    [("fixed", [4], False), ("off", [], True), ("auto", [2, 3, 4], True),
      ("cycle", [2, 3, 4], True)],
 )  # fmt: skip
-def test_standalone_widths_follow_its_step_policy(mode, widths, decode) -> None:
-    assert target_widths(mode, 3, 4) == (widths, decode)
+def test_chain_widths_follow_the_step_policy(mode, widths, decode) -> None:
+    assert chain_widths(mode, 3) == (widths, decode)
 
 
 def test_dense_copies_only_strided_tensors() -> None:
@@ -69,11 +69,11 @@ def test_only_our_algorithms_skip_sglangs_cpu_graph_runner() -> None:
 def test_compiled_stack_serves_its_shapes_and_nothing_else(tmp_path: Path) -> None:
     require_native()
     result = run_check("compiled_forwards_check.py", resolve_model_path(DEFAULT_DRAFT), tmp_path)
-    assert result["captured"] == ["DECODE:1", "TARGET_VERIFY:3"]
-    first = [result["verify_20"], result["decode_20"]]
-    later = [result["verify_33"], result["decode_33"]]
+    assert result["captured"] == ["DECODE:1:0", "TARGET_VERIFY:3:0", "TARGET_VERIFY:3:1"]
+    first = [result["verify_20"], result["tree_20"], result["decode_20"]]
+    later = [result["verify_33"], result["tree_33"], result["decode_33"]]  # another mask length
     assert all(r["equal"] for r in first + later)
-    assert [r["newly_served"] for r in first + later] == [1, 1, 0, 0]
+    assert [r["newly_served"] for r in first + later] == [1, 1, 1, 0, 0, 0]
     assert result["other_width"] == {"equal": True, "newly_served": 0}
     assert result["refused"]["equal"] and result["refusals"] == 1
     assert result["new_graphs_while_serving"] == 0

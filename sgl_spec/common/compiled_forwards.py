@@ -42,8 +42,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, order=True)
 class Shape:
-    """One captured forward: ``mode`` a ``ForwardMode`` name (``DECODE`` or ``TARGET_VERIFY``),
-    ``tokens`` per request (1 for a decode; a chain verify's width); ``draft_steps``: a decode
+    """One captured forward: ``mode`` a ``ForwardMode`` name (``DECODE``, ``TARGET_VERIFY`` or
+    ``DRAFT_EXTEND_V2``), ``tokens`` per request (1 for a decode; a verify's or a draft extend's
+    width); ``draft_steps``: a decode
     whose attention backend reads the slots SGLang's multi-step draft backend planned for the
     step (``draft_decode_metadata``) in place of the batch's; ``tree``: a verify whose attention
     reads a tree mask (``custom_mask``, one dynamic dimension: its length follows the requests'
@@ -140,8 +141,28 @@ def _capture_batch(model_runner: Any, shape: Shape) -> Any:
         capture_hidden_mode=CaptureHiddenMode.NULL,
         return_hidden_states_before_norm=False,
     )
+    if mode == ForwardMode.DRAFT_EXTEND_V2:
+        _as_extend(model_runner, fb, prefix, shape.tokens)
     model_runner.kv_index_translator.bind_own_plan(fb)
     return fb
+
+
+def _as_extend(model_runner: Any, fb: Any, prefix: torch.Tensor, n: int) -> None:
+    """``fb``, an extend of ``n`` tokens a request after ``prefix``, laid out as SGLang's
+    ``ForwardBatch.init_new`` lays out a draft extend."""
+    from sglang.srt.model_executor.forward_batch_info import compute_position
+
+    bs = fb.batch_size
+    fb.extend_seq_lens = torch.full((bs,), n, dtype=torch.int32)
+    fb.extend_prefix_lens = prefix.to(torch.int32)
+    fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu = [n] * bs, prefix.tolist()
+    fb.extend_num_tokens = bs * n
+    fb.positions, fb.extend_start_loc = compute_position(
+        model_runner.prefill_attention_backend_str, fb.extend_prefix_lens, fb.extend_seq_lens,
+        fb.extend_num_tokens,
+    )  # fmt: skip
+    fb.seq_lens = prefix + n
+    fb.seq_lens_cpu, fb.seq_lens_sum = fb.seq_lens.clone(), int(fb.seq_lens.sum())
 
 
 def _shape_of(input_ids: torch.Tensor, forward_batch: Any) -> Shape | None:

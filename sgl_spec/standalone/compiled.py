@@ -1,7 +1,8 @@
 """STANDALONE_FULL's compiled forwards (``--enable-torch-compile`` on CPU;
 ``sgl_spec/common/compiled_forwards.py``): the target's verify of every chain width the step
 policy may pick, and its plain decode where the policy may run steps without drafts; the draft
-model's decode, which runs ``steps - 1`` times a step and once for a request fresh from prefill.
+model's decode, which runs ``steps - 1`` times a step and once for a request fresh from prefill,
+and its extend over each verify's outputs.
 A tree (``--speculative-eagle-topk`` > 1) verifies under a mask and stays eager."""
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def compile_forwards(draft_worker: Any) -> None:
     target_shapes = compiled_forwards.forward_shapes(sizes, widths, decode)
     # each step count has its own runtime state, its target backend planned for its width
     compiled_forwards.compile_stacks(target, "target", target_shapes, width_per_backend=True)
-    compiled_forwards.compile_stacks(
-        draft_worker.draft_runner,
-        "draft",
-        compiled_forwards.forward_shapes(sizes, [], True, draft_steps=steps > 1),
-    )
+    draft_shapes = compiled_forwards.forward_shapes(sizes, [], True, draft_steps=steps > 1)
+    # the draft's extend after each verify: the verified root and the verify's outputs
+    draft_shapes += [compiled_forwards.Shape("DRAFT_EXTEND_V2", bs, n + 1) for bs in sizes
+                     for n in widths]  # fmt: skip
+    compiled_forwards.compile_stacks(draft_worker.draft_runner, "draft", draft_shapes)

@@ -10,17 +10,21 @@ captured shape then runs its graph; any other forward runs eager, as before.
 
 Nothing compiles while serving: graphs run under torch's ``fail_on_recompile`` stance, so a call
 whose guards do not hold (a shape, a constant of the batch, a mask that differs from the
-capture's) raises before the graph runs and is served eager; its shape is then left to eager for
-good and logged once.
+capture's) raises before the graph runs and is served eager; a shape refused ``MAX_REFUSALS``
+times runs eager from then on, with a warning. Only a Llama stack on one CPU rank is compiled
+(``cpu_plain_llama.plain_stack``: the stack whose forward has no graph break and whose
+arguments are known); any other model runs eager.
 
 Why the layer stack and not the whole ``model.forward``: the logits processor reads the batch's
 ``spec_info`` and per-step Python values (which rows, which hidden states to keep), which would
 fail a compiled graph's guards on every step; it is one GEMM and some indexing, and stays eager.
 
 Each graph compiles its own copy of the forward's code object: dynamo keeps compiled frames per
-code object, and with the guards on module attributes skipped (patch ``cpu_graph_guards``; they
-cost 10-17% of a forward to check) a draft model and its target, both ``LlamaModel``, would
-otherwise share one entry. ``fullgraph=True``: a graph break would leave parts of the forward to
+code object, and with the guards on module attributes skipped (patch ``cpu_graph_guards``: they
+cost a sizeable share of a small model's forward to check) a draft model and its target, both
+``LlamaModel``, would otherwise share one entry. A module attribute the stack reads per forward
+is therefore fixed in its graphs: the one that may change, the layers whose outputs are captured
+(``layers_to_capture``), is compared with the capture's on every call. ``fullgraph=True``: a graph break would leave parts of the forward to
 frames shared between models, so a shape that does not compile whole stays eager.
 """
 
@@ -219,6 +223,7 @@ class CompiledStack:
         self.stack = model_runner.model.model
         self.eager = self.stack.forward  # the class's forward, bound
         self.graphs: dict[Shape, Callable] = {}
+        self.captured_layers = _captured_layers(self.stack)
         self.served: set[Shape] = set()
         self.refusals: dict[Shape, int] = {}
 
@@ -281,19 +286,15 @@ class CompiledStack:
             self.stack.forward = self  # an instance attribute: nn.Module.__call__ reaches it
 
     def __call__(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        forward_batch: Any,
-        input_embeds: torch.Tensor | None = None,
-        pp_proxy_tensors: Any = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any, *args, **kwargs
     ) -> Any:
         graph = None
-        if input_embeds is None and pp_proxy_tensors is None:
+        plain = all(a is None for a in args) and all(v is None for v in kwargs.values())
+        if plain and _captured_layers(self.stack) == self.captured_layers:
             shape = _shape_of(input_ids, forward_batch)
             graph = self.graphs.get(shape)
         if graph is None:
-            return self.eager(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+            return self.eager(input_ids, positions, forward_batch, *args, **kwargs)
         input_ids, positions = _dense(input_ids), _dense(positions)
         forward_batch.out_cache_loc = _dense(forward_batch.out_cache_loc)
         try:
@@ -307,11 +308,15 @@ class CompiledStack:
             # caches what it learnt of its pool) passes them the next time; a shape refused
             # MAX_REFUSALS times runs eager from then on.
             self._refused(shape, exc)
-            return self.eager(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+            return self.eager(input_ids, positions, forward_batch, *args, **kwargs)
         if shape not in self.served:
             self.served.add(shape)
             logger.info("%s: first forward on the compiled graph of %s", self.name, _label(shape))
         return out
+
+
+def _captured_layers(stack: Any) -> tuple:
+    return tuple(getattr(stack, "layers_to_capture", ()) or ())
 
 
 def _reason(exc: BaseException) -> str:
@@ -327,11 +332,30 @@ def _label(shape: Shape) -> str:
     return f"{kind} bs={shape.batch_size} n={shape.tokens}"
 
 
+def _compilable(model_runner: Any, name: str) -> bool:
+    """A Llama stack on one CPU rank (``plain_stack``), and the torch whose refusal this module
+    reads (``_RECOMPILE``); else a log line and eager forwards."""
+    import inspect
+
+    from sgl_spec.patches.cpu_plain_llama import plain_stack
+
+    stack = getattr(model_runner.model, "model", None)
+    if stack is None or not hasattr(stack, "layers") or not plain_stack(stack):
+        logger.info("%s: forwards stay eager (compiled: a Llama on one CPU rank only)", name)
+        return False
+    if _RECOMPILE not in inspect.getsource(torch._dynamo.eval_frame):
+        logger.warning(
+            "%s: forwards stay eager: this torch's fail_on_recompile error differs", name
+        )
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def unscoped() -> Iterator[None]:
     """Without the scoped parallel overrides active here (a draft worker's ``draft_tp_context``,
-    around SGLang's call of its graph capture): a graph guards on them (how many there are),
-    and the forwards it serves run outside that scope."""
+    around SGLang's call of its graph capture): a graph guards on them (how many there are), and
+    on one rank, the only case compiled, the forwards it serves see none."""
     from sglang.srt.runtime_context import get_parallel
 
     parallel = get_parallel()
@@ -351,8 +375,11 @@ def compile_stacks(
     layer stack at ``model.model``. Captured outside the caller's scoped parallel overrides
     (``unscoped``), as on one rank both the target and a draft model are served.
     ``width_per_backend``: see ``CompiledStack``."""
-    if not compile_requested(model_runner) or not hasattr(model_runner.model, "model"):
+    if not compile_requested(model_runner) or not _compilable(model_runner, name):
         return None
+    shapes = list(shapes)
+    logger.info("%s: compiling %d forward shape(s) for batch sizes %s (--cuda-graph-bs-decode)",
+                name, len(shapes), sorted({s.batch_size for s in shapes}))  # fmt: skip
     compiled = CompiledStack(model_runner, name, width_per_backend)
     with unscoped():
         compiled.capture(shapes)

@@ -3,7 +3,8 @@
 policy may pick, and its plain decode where the policy may run steps without drafts; the draft
 model's decode, which runs ``steps - 1`` times a step and once for a request fresh from prefill,
 and its extend over each verify's outputs.
-A tree (``--speculative-eagle-topk`` > 1) verifies under a mask and stays eager."""
+With a tree (``--speculative-eagle-topk`` > 1) nothing is compiled: its draft decodes run
+``topk`` rows a request."""
 
 from __future__ import annotations
 

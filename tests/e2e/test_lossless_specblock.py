@@ -172,8 +172,9 @@ def test_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None:
     server = servers("specblock_compiled")
     assert_greedy_under_concurrent_load(server, baseline_greedy)
     bs = len(PROMPTS)
-    labels = [f"target_verify (tree) bs={bs} n={n}" for n in (2, 4, 8, 16)]
-    assert_compiled_forwards_served(server.log_path.read_text(), [*labels, f"decode bs={bs} n=1"])
+    labels = [f"target: target_verify (tree) bs={bs} n={n}" for n in (2, 4, 8, 16)]
+    labels.append(f"target: decode bs={bs} n=1")
+    assert_compiled_forwards_served(server.log_path.read_text(), labels)
 
 
 def test_greedy_equals_baseline_with_controller_budgets(servers, baseline_greedy) -> None:

@@ -182,9 +182,10 @@ def test_chain_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None
     (``common/compiled_forwards.py``), serve the baseline's tokens, each on its graph."""
     _check_greedy(servers, baseline_greedy, "chain_compiled")
     bs = len(PROMPTS)
-    labels = [f"target_verify bs={bs} n={n}" for n in (2, 3, 4)]
-    labels += [f"decode bs={bs} n=1", f"draft-step decode bs={bs} n=1"]
-    labels += [f"draft_extend_v2 bs={bs} n={n}" for n in (3, 4, 5)]
+    labels = [f"target: target_verify bs={bs} n={n}" for n in (2, 3, 4)]
+    labels += [f"target: decode bs={bs} n=1", f"draft: decode bs={bs} n=1"]
+    labels += [f"draft: draft-step decode bs={bs} n=1"]
+    labels += [f"draft: draft_extend_v2 bs={bs} n={n}" for n in (3, 4, 5)]
     assert_compiled_forwards_served(servers("chain_compiled").log_path.read_text(), labels)
 
 

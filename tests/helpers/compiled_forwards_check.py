@@ -9,12 +9,17 @@ shapes and of others, against the eager stack.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+# compile what this process has: the capture turns inductor's FX graph cache on (SGLang's
+# compile settings), so it gets a cache of its own
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compiled-forwards-check-")
 
 import forward_cost  # noqa: E402
 
@@ -56,14 +61,29 @@ class _Tree:
         self.draft_token_num, self.custom_mask = n, torch.cat(masks)
 
 
+def _written(runner, fb):
+    """The K and V rows the forward wrote, every layer."""
+    import torch
+
+    pool, locs = runner.token_to_kv_pool, fb.out_cache_loc.to(torch.int64)
+    return [
+        t[locs].clone() for pair in zip(pool.k_buffer, pool.v_buffer, strict=True) for t in pair
+    ]
+
+
 def _compare(runner, stack, fb) -> dict:
-    """The stack's output served through the installed dispatcher and eager."""
+    """The stack's output and the KV rows it wrote, served through the installed dispatcher
+    and eager."""
     import torch
 
     served_before = len(stack.served)
     compiled = _hidden(runner, fb, runner.model.model)
+    compiled_kv = _written(runner, fb)
     eager = _hidden(runner, fb, stack.eager)
-    return {"equal": bool(torch.equal(compiled, eager)),
+    kv_equal = all(
+        torch.equal(a, b) for a, b in zip(compiled_kv, _written(runner, fb), strict=True)
+    )
+    return {"equal": bool(torch.equal(compiled, eager)) and kv_equal,
             "newly_served": len(stack.served) - served_before}  # fmt: skip
 
 
@@ -73,11 +93,9 @@ def main(model: str, out_path: str) -> None:
     runner = forward_cost._load_runner(model, args)
     import torch
     import torch._dynamo.utils
-    import torch._inductor.config
 
     from sgl_spec.common.compiled_forwards import CompiledStack, Shape
 
-    torch._inductor.config.fx_graph_cache = False  # compile what this process has
     stack = CompiledStack(runner, "check", width_per_backend=True)  # verifies set their width
     stack.capture([Shape("DECODE", BS, 1), Shape("TARGET_VERIFY", BS, WIDTH),
                    Shape("TARGET_VERIFY", BS, WIDTH, tree=True)])  # fmt: skip

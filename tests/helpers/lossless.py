@@ -242,9 +242,11 @@ def assert_greedy_under_concurrent_load(server, baseline: dict[str, list]) -> fl
 
 
 def assert_compiled_forwards_served(log: str, labels: list[str]) -> None:
-    """A server's log (``--log-level info``) shows each of ``labels`` (``compiled_forwards.
-    _label``: ``target_verify (tree) bs=8 n=4``) run on its compiled graph, and no captured
-    shape left to eager (its compile failed, or its guards refused it for good)."""
+    """A server's log (``--log-level info``) shows each of ``labels`` (the model, then
+    ``compiled_forwards._label``: ``target: target_verify (tree) bs=8 n=4``) run on its compiled
+    graph, and no captured shape left to eager (its compile failed, or its guards refused it
+    for good)."""
     for label in labels:
-        assert f"first forward on the compiled graph of {label}" in log, label
+        model, _, shape = label.partition(": ")
+        assert f"{model}: first forward on the compiled graph of {shape}" in log, label
     assert "served eager from now on" not in log and "stays eager" not in log

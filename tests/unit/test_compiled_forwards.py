@@ -54,6 +54,14 @@ def test_reason_names_the_failed_guards() -> None:
     assert "size mismatch" in _reason(exc)
 
 
+def test_only_a_llama_stack_on_one_rank_compiles() -> None:
+    from sgl_spec.common.compiled_forwards import _compilable
+
+    no_stack = SimpleNamespace(model=SimpleNamespace())
+    other = SimpleNamespace(model=SimpleNamespace(model=torch.nn.Linear(2, 2)))
+    assert not _compilable(no_stack, "target") and not _compilable(other, "target")
+
+
 def test_only_our_algorithms_skip_sglangs_cpu_graph_runner() -> None:
     from sgl_spec.patches.cpu_spec_graphs import ours
 

@@ -1,4 +1,5 @@
-"""Compiled layer stacks for our algorithms' forwards on the CPU engine (``--enable-torch-compile``).
+"""Compiled layer stacks for our algorithms' forwards on the CPU engine
+(``--enable-torch-compile``).
 
 SGLang's CPU graph runner compiles only a non-speculative decode and refuses a speculative
 server (it asserts ``spec_algorithm.is_none()``; patch ``cpu_spec_graphs`` keeps it out of
@@ -24,8 +25,9 @@ code object, and with the guards on module attributes skipped (patch ``cpu_graph
 cost a sizeable share of a small model's forward to check) a draft model and its target, both
 ``LlamaModel``, would otherwise share one entry. A module attribute the stack reads per forward
 is therefore fixed in its graphs: the one that may change, the layers whose outputs are captured
-(``layers_to_capture``), is compared with the capture's on every call. ``fullgraph=True``: a graph break would leave parts of the forward to
-frames shared between models, so a shape that does not compile whole stays eager.
+(``layers_to_capture``), is compared with the capture's on every call. ``fullgraph=True``: a
+graph break would leave parts of the forward to frames shared between models, so a shape that
+does not compile whole stays eager.
 """
 
 from __future__ import annotations
@@ -48,11 +50,10 @@ logger = logging.getLogger(__name__)
 class Shape:
     """One captured forward: ``mode`` a ``ForwardMode`` name (``DECODE``, ``TARGET_VERIFY`` or
     ``DRAFT_EXTEND_V2``), ``tokens`` per request (1 for a decode; a verify's or a draft extend's
-    width); ``draft_steps``: a decode
-    whose attention backend reads the slots SGLang's multi-step draft backend planned for the
-    step (``draft_decode_metadata``) in place of the batch's; ``tree``: a verify whose attention
-    reads a tree mask (``custom_mask``, one dynamic dimension: its length follows the requests'
-    lengths)."""
+    width); ``draft_steps``: a decode whose attention backend reads the slots SGLang's
+    multi-step draft backend planned for the step (``draft_decode_metadata``) in place of the
+    batch's; ``tree``: a verify whose attention reads a tree mask (``custom_mask``, one dynamic
+    dimension: its length follows the requests' lengths)."""
 
     mode: str
     batch_size: int
@@ -278,7 +279,7 @@ class CompiledStack:
         logger.debug("%s: %s refused: %s", self.name, _label(shape), _reason(exc))
         if self.refusals[shape] >= MAX_REFUSALS:
             del self.graphs[shape]
-            logger.warning("%s: %s served eager from now on, its graph's guards failed %d times: %s",
+            logger.warning("%s: %s served eager from now on, its guards failed %d times: %s",
                            self.name, _label(shape), MAX_REFUSALS, _reason(exc))  # fmt: skip
 
     def install(self) -> None:

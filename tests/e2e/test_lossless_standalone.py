@@ -178,8 +178,9 @@ def test_chain_greedy_equals_baseline(servers, baseline_greedy) -> None:
 
 def test_chain_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None:
     """``--enable-torch-compile``: the target's verifies of every chain width and its plain
-    decode, and the draft model's decodes and extends, compiled at start-up for the batch of all prompts
-    (``common/compiled_forwards.py``), serve the baseline's tokens, each on its graph."""
+    decode, and the draft model's decodes and extends, compiled at start-up for the batch of
+    all prompts (``common/compiled_forwards.py``), serve the baseline's tokens, each on its
+    graph."""
     _check_greedy(servers, baseline_greedy, "chain_compiled")
     bs = len(PROMPTS)
     labels = [f"target: target_verify bs={bs} n={n}" for n in (2, 3, 4)]

@@ -1,8 +1,9 @@
 """Compiled layer stacks for our algorithms' forwards (``sgl_spec/common/compiled_forwards.py``,
 ``--enable-torch-compile`` on CPU): the shapes each algorithm asks for, and a stack compiled for
-a decode, a chain verify and a tree verify that serves those shapes bit-identically to the eager stack at other
-lengths, KV slots and tree-mask lengths (a strided slot column included), leaves other shapes and calls its guards
-refuse to the eager stack, and compiles nothing after capture."""
+a decode, a chain verify and a tree verify that serves those shapes bit-identically to the eager
+stack at other lengths, KV slots and tree-mask lengths (a strided slot column included), leaves
+other shapes and calls its guards refuse to the eager stack, and compiles nothing after
+capture."""
 
 from __future__ import annotations
 

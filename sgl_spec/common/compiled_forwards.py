@@ -37,6 +37,7 @@ import logging
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -214,9 +215,19 @@ class CompiledStack:
     """One model's layer stack with its captured graphs; installed as the stack's ``forward``
     (``install``), where the model's own forward calls it."""
 
-    def __init__(self, model_runner: Any, name: str, width_per_backend: bool = False) -> None:
+    def __init__(
+        self,
+        model_runner: Any,
+        name: str,
+        width_per_backend: bool = False,
+        around: Callable[[Shape], AbstractContextManager] | None = None,
+    ) -> None:
         self.runner = model_runner
         self.name = name
+        # the state a shape's forwards always run in, entered around its capture (a gated
+        # adapter's gate for a verify of its width): a module attribute the graph reads is
+        # fixed in it, so the algorithm must serve that shape only in that state
+        self.around = around or (lambda shape: contextlib.nullcontext())
         # each verify width served by an attention backend planned for it (SGLang's runtime
         # states per step count): a verify's width is a constant of its graph, as that backend
         # has it; else the one backend's width, the server's, for every verify
@@ -260,8 +271,11 @@ class CompiledStack:
         graph = torch.compile(_own_code(self.eager, tag), dynamic=False, fullgraph=True,
                               options=options)  # fmt: skip
         try:
-            with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend),
-                                                  forward_batch=fb):  # fmt: skip
+            with (
+                torch.no_grad(),
+                self.around(shape),
+                forward_context(ForwardContext(attn_backend=backend), forward_batch=fb),
+            ):
                 backend.init_forward_metadata(fb)
                 if shape.draft_steps:
                     backend.draft_decode_metadata = _draft_step_metadata(backend, fb)
@@ -369,19 +383,23 @@ def unscoped() -> Iterator[None]:
 
 
 def compile_stacks(
-    model_runner: Any, name: str, shapes: Iterable[Shape], width_per_backend: bool = False
+    model_runner: Any,
+    name: str,
+    shapes: Iterable[Shape],
+    width_per_backend: bool = False,
+    around: Callable[[Shape], AbstractContextManager] | None = None,
 ) -> CompiledStack | None:
     """Compile ``model_runner``'s layer stack for ``shapes`` where the server asked for
     compiled forwards (``compile_requested``); ``None`` elsewhere, or where the model has no
     layer stack at ``model.model``. Captured outside the caller's scoped parallel overrides
     (``unscoped``), as on one rank both the target and a draft model are served.
-    ``width_per_backend``: see ``CompiledStack``."""
+    ``width_per_backend``, ``around``: see ``CompiledStack``."""
     if not compile_requested(model_runner) or not _compilable(model_runner, name):
         return None
     shapes = list(shapes)
     logger.info("%s: compiling %d forward shape(s) for batch sizes %s (--cuda-graph-bs-decode)",
                 name, len(shapes), sorted({s.batch_size for s in shapes}))  # fmt: skip
-    compiled = CompiledStack(model_runner, name, width_per_backend)
+    compiled = CompiledStack(model_runner, name, width_per_backend, around)
     with unscoped():
         compiled.capture(shapes)
     compiled.install()

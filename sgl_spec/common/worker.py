@@ -8,6 +8,7 @@ or a draft-server process).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -53,16 +54,22 @@ class TargetWrappingWorker(BaseSpecWorker):
             return
         shapes = self.compiled_shapes(compiled_forwards.capture_batch_sizes(runner))
         if shapes:
-            compiled_forwards.compile_stacks(runner, "target", shapes)
+            compiled_forwards.compile_stacks(runner, "target", shapes, around=self.compiled_state)
         else:
             logger.info("%s: --enable-torch-compile compiles none of its forwards", self.name)
 
     def compiled_shapes(self, batch_sizes: list[int]) -> list[compiled_forwards.Shape]:
         """The target forwards this algorithm runs that are compiled at start-up, at each of
         ``batch_sizes``; none unless the algorithm says (a forward whose modules change state
-        per call, as a gated adapter's, must not be compiled)."""
+        per call must be compiled only where ``compiled_state`` fixes it per shape)."""
         del batch_sizes
         return []
+
+    def compiled_state(self, shape: compiled_forwards.Shape) -> contextlib.AbstractContextManager:
+        """The module state every forward of ``shape`` runs in, entered around its capture
+        (a graph fixes what the modules read): none here."""
+        del shape
+        return contextlib.nullcontext()
 
     def set_verify_shape(self, num_steps: int, num_draft_tokens: int) -> None:
         """What SGLang's speculative infrastructure reads off the worker: the deepest accepted

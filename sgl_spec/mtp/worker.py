@@ -14,7 +14,9 @@ Prefill is SGLang's plain target extend; the first decode step therefore has no 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
 )
 
+from sgl_spec.common import compiled_forwards
 from sgl_spec.common.plain_step import forward_batch_of, plain_result, plain_step, verify_chain
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.ranks import agreed_across_ranks
@@ -101,6 +104,24 @@ class MtpLoraWorker(TargetWrappingWorker):
 
     def forward_prefill(self, batch) -> GenerationBatchResult:
         return self.prefill_target(batch, MtpDraftInput.after_prefill)
+
+    # ---- compiled forwards (--enable-torch-compile) ------------------------------------------
+
+    def compiled_shapes(self, batch_sizes: list[int]) -> list[compiled_forwards.Shape]:
+        """The step of every k the worker may run: k > 0 a tree verify of (k+1)² tokens a
+        request, k = 0 the plain decode."""
+        ks = range(self.k_max + 1) if self.controller is not None else [self.fixed_k]
+        widths = [(k + 1) ** 2 for k in ks if k > 0]
+        return compiled_forwards.forward_shapes(batch_sizes, widths, 0 in ks, tree=True)
+
+    def compiled_state(self, shape: compiled_forwards.Shape) -> contextlib.AbstractContextManager:
+        """A verify of (k+1)² tokens a request runs with its mask rows gated, as
+        ``forward_decode`` gates them (its graph fixes the gate); a decode has none."""
+        if shape.mode != "TARGET_VERIFY":
+            return contextlib.nullcontext()
+        k = math.isqrt(shape.tokens) - 1
+        lay, _, mask_index, _ = self._layout(k)
+        return self.lora.gates(lay.width, k + 1, mask_index)
 
     # ---- decode step -------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ target it was trained on (one trained for a random tiny model agrees with it ~3%
 
 (a) greedy: MTP_LORA returns the non-speculative server's token ids for prompts sent
     concurrently, with k = 3 drafts per step and with k = 0 (speculation off: the worker's
-    plain decode step, which the controller falls back to);
+    plain decode step, which the controller falls back to), and with k = 3's forward compiled
+    (``--enable-torch-compile``), its drafts accepted as the eager server's;
 (b) sampling: the joint law of completion tokens 1-3 at temperature 0.7 matches the target's
     exact law, with k = 3 and with k = 0. Token 3 is the first token verified against real mask
     drafts (the first decode step after prefill has none yet), so a wrong acceptance rule shows
@@ -20,7 +21,11 @@ import pytest
 
 from sgl_spec.models.registry import DEFAULT_MTP_ADAPTER, DEFAULT_TARGET, resolve_model_path
 from tests.helpers.invalid_prompts import assert_invalid_prompts_rejected
-from tests.helpers.lossless import assert_speculative_sampling_law, joint_law
+from tests.helpers.lossless import (
+    assert_compiled_forwards_served,
+    assert_speculative_sampling_law,
+    joint_law,
+)
 from tests.helpers.metrics import check_spec_metrics, decode_log_suffixes, total
 from tests.helpers.server_utils import Server, ServerPool
 from tests.helpers.shipped import SHIPPED_PROMPTS, shipped_greedy_request
@@ -53,6 +58,14 @@ def servers(tmp_path_factory):
         {
             "k3": _mtp_args(3),
             "k0": _mtp_args(0),
+            # k = 3's verify (16 tokens a request, mask rows gated) compiled at start-up for
+            # the batch of shipped_greedy_request
+            "k3_compiled": [
+                *_mtp_args(3),
+                "--enable-torch-compile",
+                "--cuda-graph-bs-decode",
+                str(len(PROMPTS)),
+            ],
         },
         tmp_path_factory.mktemp("mtp_logs"),
     )
@@ -141,3 +154,18 @@ def test_k0_is_plain_decoding(servers, baseline) -> None:
     assert got == baseline
     # SGLang leaves the spec_* fields out when no draft was ever proposed
     assert all(m.get("spec_num_correct_drafts", 0) == 0 for m in meta)
+
+
+def test_compiled_greedy_equals_baseline(servers, baseline) -> None:
+    """``--enable-torch-compile``: k = 3's verify, compiled at start-up with its mask rows
+    gated (``MtpLoraWorker.compiled_state``), serves the baseline's tokens on its graph, and
+    its masks draft as the eager server's do (a graph without the gated path would draft from
+    the base weights and be accepted far less often)."""
+    server = servers("k3_compiled")
+    got, meta = _greedy(server)
+    assert got == baseline
+    compiled = [m["spec_accept_length"] for m in meta]
+    eager = [m["spec_accept_length"] for m in _greedy(servers("k3"))[1]]
+    assert sum(compiled) >= 0.9 * sum(eager), (compiled, eager)
+    label = f"target: target_verify (tree) bs={len(PROMPTS)} n=16"
+    assert_compiled_forwards_served(server.log_path.read_text(), [label])

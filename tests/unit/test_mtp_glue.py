@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,34 @@ def test_fused_gated_delta_touches_only_gated_rows(monkeypatch) -> None:
     )
     with pytest.raises(RuntimeError, match="blocks of width"):
         delta.add_gated(x[:5], torch.zeros(5, 33), width, first)
+
+
+def test_compiled_shapes_are_the_steps_of_every_k_it_may_run() -> None:
+    """``--enable-torch-compile``: fixed k compiles its verify of (k+1)² tokens only; auto the
+    verify of every k up to k_max and the plain decode of k = 0; each verify's capture runs
+    with the gate ``forward_decode`` sets for it."""
+    from types import SimpleNamespace
+
+    from sgl_spec.common.compiled_forwards import Shape
+    from sgl_spec.mtp.worker import MtpLoraWorker
+
+    fixed = SimpleNamespace(k_max=4, fixed_k=2, controller=None)
+    assert MtpLoraWorker.compiled_shapes(fixed, [1, 8]) == [
+        Shape("TARGET_VERIFY", 1, 9, tree=True), Shape("TARGET_VERIFY", 8, 9, tree=True),
+    ]  # fmt: skip
+    auto = SimpleNamespace(k_max=3, fixed_k=3, controller=object())
+    shapes = MtpLoraWorker.compiled_shapes(auto, [2])
+    assert {(s.mode, s.tokens) for s in shapes} == {
+        ("DECODE", 1), ("TARGET_VERIFY", 4), ("TARGET_VERIFY", 9), ("TARGET_VERIFY", 16),
+    }  # fmt: skip
+
+    gates = []
+    worker = SimpleNamespace(
+        _layout=lambda k: (SimpleNamespace(width=(k + 1) ** 2), None, f"index{k}", None),
+        lora=SimpleNamespace(gates=lambda *args: gates.append(args) or contextlib.nullcontext()),
+    )
+    with MtpLoraWorker.compiled_state(worker, Shape("TARGET_VERIFY", 2, 9, tree=True)):
+        pass
+    with MtpLoraWorker.compiled_state(worker, Shape("DECODE", 2, 1)):
+        pass
+    assert gates == [(9, 3, "index2")]

@@ -25,7 +25,9 @@ code object, and with the guards on module attributes skipped (patch ``cpu_graph
 cost a sizeable share of a small model's forward to check) a draft model and its target, both
 ``LlamaModel``, would otherwise share one entry. A module attribute the stack reads per forward
 is therefore fixed in its graphs: the one that may change, the layers whose outputs are captured
-(``layers_to_capture``), is compared with the capture's on every call. ``fullgraph=True``: a
+(``layers_to_capture``), is compared with the capture's on every call; module state an algorithm
+sets per step (an adapter's gate) is captured inside the state that shape always runs in
+(``around``), and the algorithm serves that shape only in it. ``fullgraph=True``: a
 graph break would leave parts of the forward to frames shared between models, so a shape that
 does not compile whole stays eager.
 """

@@ -215,7 +215,12 @@ def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
 
 class CompiledStack:
     """One model's layer stack with its captured graphs; installed as the stack's ``forward``
-    (``install``), where the model's own forward calls it."""
+    (``install``), where the model's own forward calls it.
+
+    ``around(shape)``: the state a shape's forwards always run in (a gated adapter's gate for a
+    verify of its width), entered around its capture. A module attribute the graph reads is
+    fixed in it and not guarded (module guards are skipped), so the caller must serve that shape
+    only in that state."""
 
     def __init__(
         self,
@@ -226,9 +231,6 @@ class CompiledStack:
     ) -> None:
         self.runner = model_runner
         self.name = name
-        # the state a shape's forwards always run in, entered around its capture (a gated
-        # adapter's gate for a verify of its width): a module attribute the graph reads is
-        # fixed in it, so the algorithm must serve that shape only in that state
         self.around = around or (lambda shape: contextlib.nullcontext())
         # each verify width served by an attention backend planned for it (SGLang's runtime
         # states per step count): a verify's width is a constant of its graph, as that backend

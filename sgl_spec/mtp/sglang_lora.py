@@ -148,7 +148,10 @@ class GatedLoRA:
     def gates(self, width: int, first_gated: int, mask_index: torch.Tensor) -> Iterator[None]:
         """Gate rows ``first_gated..width-1`` of every block of ``width`` flat rows.
 
-        mask_index: [width - first_gated] which mask embedding each gated row of a block gets."""
+        mask_index: [width - first_gated] which mask embedding each gated row of a block gets.
+        A compiled verify (``--enable-torch-compile``) holds the gate it was captured under
+        (``MtpLoraWorker.compiled_state``), unguarded: a verify of (k+1)² tokens a request must
+        always run under ``gates((k+1)², k+1, <k's mask index>)``."""
         if not 0 <= first_gated <= width or mask_index.shape != (width - first_gated,):
             raise ValueError(
                 f"gates: need 0 <= first_gated <= width and one mask index per gated row; got "

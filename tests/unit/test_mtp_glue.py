@@ -225,13 +225,44 @@ def test_compiled_shapes_are_the_steps_of_every_k_it_may_run() -> None:
         ("DECODE", 1), ("TARGET_VERIFY", 4), ("TARGET_VERIFY", 9), ("TARGET_VERIFY", 16),
     }  # fmt: skip
 
-    gates = []
+    entered = []
+
+    @contextlib.contextmanager
+    def gates(*args):
+        entered.append(args)
+        yield
+
     worker = SimpleNamespace(
         _layout=lambda k: (SimpleNamespace(width=(k + 1) ** 2), None, f"index{k}", None),
-        lora=SimpleNamespace(gates=lambda *args: gates.append(args) or contextlib.nullcontext()),
+        lora=SimpleNamespace(gates=gates),
     )
     with MtpLoraWorker.compiled_state(worker, Shape("TARGET_VERIFY", 2, 9, tree=True)):
-        pass
+        assert entered == [(9, 3, "index2")]
     with MtpLoraWorker.compiled_state(worker, Shape("DECODE", 2, 1)):
         pass
-    assert gates == [(9, 3, "index2")]
+    assert entered == [(9, 3, "index2")]
+
+
+def test_target_compile_is_given_the_workers_state_per_shape(monkeypatch) -> None:
+    """``init_cuda_graphs`` hands ``compiled_state`` to ``compile_stacks`` as the state each
+    shape is captured in."""
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+    from sgl_spec.common import compiled_forwards
+    from sgl_spec.common.worker import TargetWrappingWorker
+
+    calls = []
+    monkeypatch.setattr(BaseSpecWorker, "init_cuda_graphs", lambda self: None, raising=False)
+    monkeypatch.setattr(compiled_forwards, "compile_requested", lambda runner: True)
+    monkeypatch.setattr(compiled_forwards, "capture_batch_sizes", lambda runner: [4])
+    monkeypatch.setattr(compiled_forwards, "compile_stacks", lambda *a, **kw: calls.append((a, kw)))
+    shape = compiled_forwards.Shape("DECODE", 4, 1)
+
+    class Worker(TargetWrappingWorker):
+        def compiled_shapes(self, batch_sizes: list[int]) -> list:
+            return [shape] if batch_sizes == [4] else []
+
+    worker = Worker.__new__(Worker)  # no SGLang worker behind it: only the compile is wired
+    worker.model_runner = "runner"
+    worker.init_cuda_graphs()
+    assert calls == [(("runner", "target", [shape]), {"around": worker.compiled_state})]

@@ -119,7 +119,11 @@ class MtpLoraWorker(TargetWrappingWorker):
         ``forward_decode`` gates them (its graph fixes the gate); a decode has none."""
         if shape.mode != "TARGET_VERIFY":
             return contextlib.nullcontext()
-        k = math.isqrt(shape.tokens) - 1
+        return self._gates(math.isqrt(shape.tokens) - 1)
+
+    def _gates(self, k: int) -> contextlib.AbstractContextManager:
+        """k's step with its mask rows gated: rows k+1.. of every (k+1)²-token block on the
+        LoRA path (the one gate both a step and its compiled verify's capture use)."""
         lay, _, mask_index, _ = self._layout(k)
         return self.lora.gates(lay.width, k + 1, mask_index)
 
@@ -160,7 +164,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         k = self._choose_k(batch)
         if k == 0:
             return self._forward_plain(batch, state, tic)
-        lay, offsets, mask_index, group_slots = self._layout(k)
+        lay, offsets, _, group_slots = self._layout(k)
         width = lay.width
         seq_lens = batch.seq_lens.to(torch.int64)  # committed KV length; the bonus sits here
         drafts = pad_drafts(state.drafts.to(self.device, torch.int64), k)  # [bs, k]
@@ -174,7 +178,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         forward_batch = self._make_forward_batch(
             batch, input_ids, positions, out_cache_loc.to(torch.int64), custom_mask, width
         )
-        with self.lora.gates(width, k + 1, mask_index):
+        with self._gates(k):
             out = self._target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True
             )

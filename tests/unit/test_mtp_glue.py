@@ -236,6 +236,7 @@ def test_compiled_shapes_are_the_steps_of_every_k_it_may_run() -> None:
         _layout=lambda k: (SimpleNamespace(width=(k + 1) ** 2), None, f"index{k}", None),
         lora=SimpleNamespace(gates=gates),
     )
+    worker._gates = lambda k: MtpLoraWorker._gates(worker, k)
     with MtpLoraWorker.compiled_state(worker, Shape("TARGET_VERIFY", 2, 9, tree=True)):
         assert entered == [(9, 3, "index2")]
     with MtpLoraWorker.compiled_state(worker, Shape("DECODE", 2, 1)):

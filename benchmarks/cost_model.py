@@ -13,7 +13,10 @@ prediction is an upper bound on what the engine can give at that acceptance. Per
   3; ``standalone``, the chain length chosen per step, has no row): the target verifies ``s + 1``
   tokens, the draft runs ``s - 1`` one-token decodes and one extend of ``s + 2`` tokens (the
   accepted tokens and the bonus, ``standalone_full_context``);
-- ``mtp_lora`` (``k`` drafts): one target forward of ``(k + 1)²`` tokens (anchors and masks);
+- ``mtp_lora`` (``k`` drafts): one target forward of ``(k + 1)²`` tokens (anchors and masks):
+  the gated tree verify itself where ``forward_cost.py --mtp-adapter`` timed it for that k
+  (its mask rows on the LoRA path, the layout's tree mask), else a plain chain verify of that
+  width (the model's form before the gated step was measured; ``priced_as`` says which);
 - ``specblock-fixed`` (``n`` tree nodes every step; ``specblock`` in runs before SPECBLOCK's
   default became the controller, 2026-12-02): a target verify of ``n`` tokens plus the drafter,
   whose share of the step (T_D%) the server measures, so that row is part measured.
@@ -65,27 +68,39 @@ def interpolate(points: dict[int, float], n: float) -> float:
     return points[lo] + slope * (n - lo)
 
 
-def served_costs(forward_cost: dict, batch_size: int = 1) -> tuple[dict, dict]:
-    """``({tokens: ms} target, {tokens: ms} draft)`` served medians at ``batch_size``."""
-    target, draft = {}, {}
+def served_costs(forward_cost: dict, batch_size: int = 1) -> tuple[dict, dict, dict]:
+    """``({tokens: ms} target, {tokens: ms} draft, {k: ms} MTP_LORA gated step)`` served
+    medians at ``batch_size`` (the last empty when the gated step was not timed)."""
+    target, draft, mtp = {}, {}, {}
     for row in forward_cost["rows"]:
         if row["batch_size"] != batch_size:
             continue
-        side = target if row["model"] == forward_cost["target"] else draft
-        side[row["num_tokens"]] = row["served_ms"]
-    return target, draft
+        if row.get("shape") == "mtp_lora":
+            mtp[row["mtp_k"]] = row["served_ms"]
+        elif "shape" not in row:
+            side = target if row["model"] == forward_cost["target"] else draft
+            side[row["num_tokens"]] = row["served_ms"]
+    return target, draft, mtp
 
 
 def step_cost(
-    algorithm: str, target: dict, draft: dict, args: argparse.Namespace, t_d_share: float | None
+    algorithm: str,
+    target: dict,
+    draft: dict,
+    args: argparse.Namespace,
+    t_d_share: float | None,
+    mtp: dict | None = None,
 ) -> float | None:
-    """Forward cost (ms) of one step of ``algorithm``; None when the model has no form for it."""
+    """Forward cost (ms) of one step of ``algorithm``; None when the model has no form for it.
+    ``mtp``: ``{k: ms}`` of MTP_LORA's gated step, measured (else priced as a chain verify)."""
     if algorithm in ("standalone-fixed", "standalone_sglang"):  # a chain of s drafts every step
         s = args.standalone_steps
         return (
             interpolate(target, s + 1) + (s - 1) * interpolate(draft, 1) + interpolate(draft, s + 2)
         )
     if algorithm == "mtp_lora":
+        if mtp and args.mtp_k in mtp:
+            return mtp[args.mtp_k]
         return interpolate(target, (args.mtp_k + 1) ** 2)
     if algorithm == "specblock-fixed" and t_d_share is not None and t_d_share < 1:
         return interpolate(target, args.specblock_nodes) / (1 - t_d_share)
@@ -93,7 +108,7 @@ def step_cost(
 
 
 def model_rows(forward_cost: dict, bench: dict, args: argparse.Namespace) -> list[dict]:
-    target, draft = served_costs(forward_cost)
+    target, draft, mtp = served_costs(forward_cost)
     decode = interpolate(target, 1)
     runs = {r["algorithm"]: r for r in bench["runs"]}
     rows = []
@@ -102,11 +117,16 @@ def model_rows(forward_cost: dict, bench: dict, args: argparse.Namespace) -> lis
             continue
         accept = run.get("mean_accept_length")
         t_d = run.get("draft_share_pct")
-        cost = step_cost(name, target, draft, args, None if t_d is None else t_d / 100)
+        cost = step_cost(name, target, draft, args, None if t_d is None else t_d / 100, mtp)
         measured = run.get("ratios", {}).get("output_throughput_paired") or run.get(
             "ratios", {}
         ).get("output_throughput")
         row = {"algorithm": name, "accept": accept, "measured_speedup": measured}
+        if name == "mtp_lora":
+            gated = args.mtp_k in mtp
+            row["priced_as"] = "gated step" if gated else "chain verify"
+            if gated:  # the old form beside it, to show what the gated forward adds
+                row["chain_step_in_decodes"] = interpolate(target, (args.mtp_k + 1) ** 2) / decode
         if accept and measured:  # speedup = accept * T(1) / step, so step / T(1) follows
             row["measured_step_in_decodes"] = accept / measured
         if cost is not None and accept:
@@ -115,6 +135,8 @@ def model_rows(forward_cost: dict, bench: dict, args: argparse.Namespace) -> lis
                 predicted_speedup=accept * decode / cost,
                 accept_needed=args.target * cost / decode,
             )
+            if "measured_step_in_decodes" in row:  # [lean-step] item 1's ratio
+                row["measured_over_predicted"] = row["measured_step_in_decodes"] / (cost / decode)
         rows.append(row)
     return rows
 
@@ -129,12 +151,19 @@ def main(argv: list[str]) -> list[dict]:
     forward_cost = json.loads(Path(args.forward_cost).read_text())
     bench = json.loads(Path(args.bench).read_text())
     rows = model_rows(forward_cost, bench, args)
-    print(f"{'algorithm':<16} {'step/decode':>11} {'measured':>9} {'accept':>7} "
+    print(f"{'algorithm':<16} {'step/decode':>11} {'measured':>9} {'meas/pred':>9} {'accept':>7} "
           f"{'predicted':>10} {'measured':>9} {f'accept for {args.target}x':>17}")  # fmt: skip
     for r in rows:
         print(f"{r['algorithm']:<16} {_fmt(r.get('step_in_decodes'), '11.2f')} "
-              f"{_fmt(r.get('measured_step_in_decodes'), '9.2f')} {_fmt(r['accept'], '7.2f')} {_fmt(r.get('predicted_speedup'), '10.2f')} "
+              f"{_fmt(r.get('measured_step_in_decodes'), '9.2f')} {_fmt(r.get('measured_over_predicted'), '9.2f')} "
+              f"{_fmt(r['accept'], '7.2f')} {_fmt(r.get('predicted_speedup'), '10.2f')} "
               f"{_fmt(r['measured_speedup'], '9.2f')} {_fmt(r.get('accept_needed'), '17.2f')}")  # fmt: skip
+        if "priced_as" in r:
+            chain = r.get("chain_step_in_decodes")
+            print(
+                f"  {r['algorithm']}: priced as its {r['priced_as']}"
+                + ("" if chain is None else f" (as a chain verify: {chain:.2f} decodes)")
+            )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=2) + "\n"

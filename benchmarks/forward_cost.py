@@ -13,6 +13,10 @@ tokens and 1, 4, 16 new tokens per request, it times in one process per model:
   SGLang's paged pool through the attention
   backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
 
+With ``--mtp-adapter`` a third process times MTP_LORA's step on the target: the gated tree
+verify of (k+1)² tokens a request for each ``--mtp-ks`` k, beside a plain chain of that width
+(``mtp_forward.py``; served only, rows with ``shape`` and ``mtp_k``).
+
 Bare and served forwards of each shape alternate in a shuffled order, so drift hits both
 alike; each process gets the launcher's environment defaults (``launcher_env``).
 
@@ -60,11 +64,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=1, help="ABBA rounds of the two models")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: SGLang's)")
+    p.add_argument("--mtp-adapter", default=None,
+                   help="also time MTP_LORA's gated step on the target with this adapter"
+                   " (a shipped name or directory; mtp_forward.py)")  # fmt: skip
+    p.add_argument("--mtp-ks", default="2", help="the k of each MTP_LORA step timed")
     p.add_argument("--json", default="forward_cost.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in-process
+    p.add_argument("--worker-mtp", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
     args.num_tokens = [int(v) for v in args.num_tokens.split(",")]
+    args.mtp_ks = [int(v) for v in args.mtp_ks.split(",")]
+    if min(args.mtp_ks) < 1:
+        p.error("--mtp-ks must be >= 1")
     if args.warmup < 0 or args.iters < 1 or args.rounds < 1:
         p.error("--warmup must be >= 0, --iters and --rounds >= 1")
     return args
@@ -277,7 +289,10 @@ def launcher_env() -> dict[str, str]:
 
 
 def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", model,
+    """One worker process; ``model`` ending in ``+mtp`` times the target's MTP_LORA step."""
+    mtp = model.endswith("+mtp")
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv,
+           "--worker", model.removesuffix("+mtp"), *(["--worker-mtp"] if mtp else []),
            "--json", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, env=launcher_env())
     return json.loads(out.read_text())
@@ -333,27 +348,36 @@ def per_model(script: str, argv: list[str], args: argparse.Namespace, run_worker
 
 
 def pool_runs(runs: list[dict]) -> list[dict]:
-    """Median over runs of each (model, batch size, tokens) point's medians."""
+    """Median over runs of each (model, batch size, tokens, shape) point's medians; an MTP
+    step's rows (``shape``, ``mtp_k``) have no bare forward."""
     pooled: dict[tuple, dict] = {}
     for run in runs:
         for p in run["points"]:
-            key = (run["model"], p["batch_size"], p["num_tokens"])
-            entry = pooled.setdefault(key, {"bare": [], "served": []})
-            entry["bare"].append(p["bare_ms"])
+            key = (run["model"], p["batch_size"], p["num_tokens"], p.get("shape"))
+            entry = pooled.setdefault(key, {"bare": [], "served": [], "mtp_k": p.get("mtp_k")})
+            if p["bare_ms"] is not None:
+                entry["bare"].append(p["bare_ms"])
             entry["served"].append(p["served_ms"])
     rows = []
-    for (model, bs, n), entry in pooled.items():
-        bare, served = statistics.median(entry["bare"]), statistics.median(entry["served"])
-        rows.append({"model": model, "batch_size": bs, "num_tokens": n, "bare_ms": bare,
-                     "served_ms": served, "served_over_bare": served / bare})  # fmt: skip
+    for (model, bs, n, shape), entry in pooled.items():
+        served = statistics.median(entry["served"])
+        bare = statistics.median(entry["bare"]) if entry["bare"] else None
+        row = {"model": model, "batch_size": bs, "num_tokens": n, "bare_ms": bare,
+               "served_ms": served, "served_over_bare": None if bare is None else served / bare}  # fmt: skip
+        if shape is not None:
+            row.update(shape=shape, mtp_k=entry["mtp_k"])
+        rows.append(row)
     return rows
 
 
 def summary(rows: list[dict], target: str, draft: str) -> dict:
     """T(n)/T(1) per model and batch size, draft/target per shape (served forwards)."""
-    served = {(r["model"], r["batch_size"], r["num_tokens"]): r["served_ms"] for r in rows}
-    tau = {}
-    share = {}
+    served = {
+        (r["model"], r["batch_size"], r["num_tokens"]): r["served_ms"]
+        for r in rows
+        if "shape" not in r
+    }
+    tau, share = {}, {}
     for model, bs, n in served:
         if n != 1:
             tau[f"{Path(model).name} bs={bs} T({n})/T(1)"] = (
@@ -368,6 +392,13 @@ def main(argv: list[str]) -> dict:
     args = parse_args(argv)
     from sgl_spec.models.registry import resolve_model_path
 
+    if args.worker is not None and args.worker_mtp:
+        from mtp_forward import run_mtp_worker
+
+        adapter = resolve_model_path(args.mtp_adapter)
+        result = run_mtp_worker(resolve_model_path(args.worker), adapter, args)
+        Path(args.json).write_text(json.dumps(result) + "\n")
+        return result
     if args.worker is not None:
         result = run_worker(resolve_model_path(args.worker), args)
         Path(args.json).write_text(json.dumps(result) + "\n")
@@ -376,9 +407,10 @@ def main(argv: list[str]) -> dict:
     passthrough = [a for a in argv if not a.startswith("--json") and a != args.json]
     tmp = Path(args.json).with_suffix(".runs")
     tmp.mkdir(parents=True, exist_ok=True)
+    order = [target, draft] + ([f"{target}+mtp"] if args.mtp_adapter else [])
     runs = []
     for r in range(args.rounds):
-        for i, model in enumerate((target, draft, draft, target)):
+        for i, model in enumerate(order + order[::-1]):
             runs.append(_spawn(model, args, passthrough, tmp / f"r{r}_{i}.json"))
     rows = pool_runs(runs)
     result = {
@@ -393,8 +425,11 @@ def main(argv: list[str]) -> dict:
     }
     print(f"{'model':<20} {'bs':>3} {'n':>3} {'bare ms':>9} {'served ms':>10} {'served/bare':>12}")
     for r in rows:
-        print(f"{Path(r['model']).name:<20} {r['batch_size']:>3} {r['num_tokens']:>3}"
-              f" {r['bare_ms']:>9.2f} {r['served_ms']:>10.2f} {r['served_over_bare']:>12.2f}")  # fmt: skip
+        name = Path(r["model"]).name + (f" {r['shape']} k={r['mtp_k']}" if "shape" in r else "")
+        bare, ratio = r["bare_ms"], r["served_over_bare"]
+        print(f"{name:<20} {r['batch_size']:>3} {r['num_tokens']:>3}"
+              f" {'-' if bare is None else f'{bare:.2f}':>9} {r['served_ms']:>10.2f}"
+              f" {'-' if ratio is None else f'{ratio:.2f}':>12}")  # fmt: skip
     for key, value in {**result["served_tau"], **result["draft_over_target"]}.items():
         print(f"{key}: {value:.2f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

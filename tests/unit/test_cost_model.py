@@ -71,3 +71,55 @@ def test_forward_cost_pools_rounds_by_median_and_summarises() -> None:
     summary = forward_cost.summary(rows, "T", "D")
     assert summary["served_tau"]["T bs=1 T(4)/T(1)"] == pytest.approx(2.0)
     assert summary["draft_over_target"]["bs=1 n=1"] == pytest.approx(2.5 / 12.0)
+
+
+def test_mtp_step_priced_by_its_gated_forward_where_timed() -> None:
+    fc = _forward_cost()
+    fc["rows"] += [
+        {"model": "T+mtp", "batch_size": 1, "num_tokens": 9, "shape": "mtp_lora", "mtp_k": 2,
+         "served_ms": 24.0, "bare_ms": None},
+        {"model": "T+mtp", "batch_size": 1, "num_tokens": 9, "shape": "chain", "mtp_k": 2,
+         "served_ms": 17.0, "bare_ms": None},
+        {"model": "T+mtp", "batch_size": 8, "num_tokens": 9, "shape": "mtp_lora", "mtp_k": 2,
+         "served_ms": 99.0, "bare_ms": None},
+    ]  # fmt: skip
+    bench = {"runs": [{"algorithm": "mtp_lora", "mean_accept_length": 2.0,
+                       "ratios": {"output_throughput": 0.8}}]}  # fmt: skip
+    args = cost_model.parse_args(["--forward-cost", "x", "--bench", "y"])
+    target, draft, mtp = cost_model.served_costs(fc)
+    assert mtp == {2: 24.0} and target[16] == 25.0 and 9 not in target and 9 not in draft
+    (row,) = cost_model.model_rows(fc, bench, args)
+    assert row["priced_as"] == "gated step"
+    assert row["step_in_decodes"] == pytest.approx(2.4)  # the gated row at bs 1, not the chain
+    assert row["chain_step_in_decodes"] == pytest.approx(1.8)  # interpolated 9-token chain
+    assert row["measured_over_predicted"] == pytest.approx((2.0 / 0.8) / 2.4)
+    args = cost_model.parse_args(["--forward-cost", "x", "--bench", "y", "--mtp-k", "3"])
+    (row,) = cost_model.model_rows(fc, bench, args)  # k = 3 was not timed: the chain form
+    assert row["priced_as"] == "chain verify"
+    assert row["step_in_decodes"] == pytest.approx(cost_model.interpolate(target, 16) / 10.0)
+
+
+def test_forward_cost_pools_mtp_rows_apart_and_without_bare() -> None:
+    plain = {"model": "T", "points": [
+        {"batch_size": 1, "num_tokens": 1, "bare_ms": 10.0, "served_ms": 8.0},
+        {"batch_size": 1, "num_tokens": 4, "bare_ms": 12.0, "served_ms": 9.0},
+    ]}  # fmt: skip
+
+    def mtp(served: float) -> dict:
+        return {"model": "T+mtp", "points": [
+            {"batch_size": 1, "num_tokens": 4, "shape": "mtp_lora", "mtp_k": 1,
+             "bare_ms": None, "served_ms": served},
+            {"batch_size": 1, "num_tokens": 4, "shape": "chain", "mtp_k": 1,
+             "bare_ms": None, "served_ms": served / 2},
+        ]}  # fmt: skip
+
+    rows = forward_cost.pool_runs([plain, mtp(20.0), mtp(30.0), mtp(22.0)])
+    by_key = {(r["model"], r.get("shape")): r for r in rows if r["num_tokens"] == 4}
+    assert by_key[("T+mtp", "mtp_lora")]["served_ms"] == 22.0
+    assert by_key[("T+mtp", "mtp_lora")]["mtp_k"] == 1
+    assert by_key[("T+mtp", "chain")]["served_ms"] == 11.0
+    assert by_key[("T+mtp", "mtp_lora")]["bare_ms"] is None
+    assert by_key[("T+mtp", "mtp_lora")]["served_over_bare"] is None
+    assert by_key[("T", None)]["served_over_bare"] == pytest.approx(0.75)
+    summary = forward_cost.summary(rows, "T", "D")  # MTP rows are not the target's T(n)
+    assert summary["served_tau"] == {"T bs=1 T(4)/T(1)": pytest.approx(9.0 / 8.0)}

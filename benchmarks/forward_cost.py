@@ -13,7 +13,9 @@ tokens and 1, 4, 16 new tokens per request, it times in one process per model:
   SGLang's paged pool through the attention
   backend the server uses (on a CPU host: ``intel_amx`` with ``sgl_spec.cpu_kernels``).
 
-With ``--mtp-adapter`` a third process times MTP_LORA's step on the target: the gated tree
+With ``--draft-token-map FILE`` a third process times the draft with its LM head cut to that
+hot vocabulary (``--speculative-token-map``, as STANDALONE_FULL serves it), bare and served
+alike (rows of model ``<draft>+hot``). With ``--mtp-adapter`` another process times MTP_LORA's step on the target: the gated tree
 verify of (k+1)² tokens a request for each ``--mtp-ks`` k, beside a plain chain of that width
 (``mtp_forward.py``; served only, rows with ``shape`` and ``mtp_k``).
 
@@ -68,9 +70,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="also time MTP_LORA's gated step on the target with this adapter"
                    " (a shipped name or directory; mtp_forward.py)")  # fmt: skip
     p.add_argument("--mtp-ks", default="2", help="the k of each MTP_LORA step timed")
+    p.add_argument("--draft-token-map", default=None,
+                   help="also time the draft with its LM head cut to this hot vocabulary"
+                   " (--speculative-token-map; bare and served alike)")  # fmt: skip
     p.add_argument("--json", default="forward_cost.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in-process
     p.add_argument("--worker-mtp", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-hot", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
     args.num_tokens = [int(v) for v in args.num_tokens.split(",")]
@@ -238,8 +244,26 @@ def prefilled(runner, bs: int, ctx: int, max_new: int, rng: random.Random) -> li
     return reqs
 
 
+def _cut_heads(runner, model, token_map: str) -> None:
+    """Both heads on the map's rows: the served model's as STANDALONE_FULL's draft worker cuts
+    it (``hot_vocab.install``), the bare one's the same way."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sgl_spec.standalone import hot_vocab
+
+    hot = torch.tensor(torch.load(token_map, weights_only=True), dtype=torch.int64)
+    hot_vocab.install(SimpleNamespace(draft_runner=runner, hot_token_id=hot))
+    weight = model.get_output_embeddings().weight.detach()[hot].clone()
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    head.weight = torch.nn.Parameter(weight, requires_grad=False)
+    model.set_output_embeddings(head)  # the input embedding stays whole
+
+
 def run_worker(model_path: str, args: argparse.Namespace) -> dict:
-    """Median bare and served latency (ms) per (batch size, new tokens) for one model."""
+    """Median bare and served latency (ms) per (batch size, new tokens) for one model (with
+    ``--worker-hot``, its head cut to ``--draft-token-map``)."""
     runner = _load_runner(model_path, args)
     import torch
     from transformers import DynamicCache
@@ -247,6 +271,8 @@ def run_worker(model_path: str, args: argparse.Namespace) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = _bare_model(model_path)
+    if args.worker_hot:
+        _cut_heads(runner, model, args.draft_token_map)
     rng = random.Random(0)
     points = []
     ctx = args.ctx_len
@@ -274,7 +300,8 @@ def run_worker(model_path: str, args: argparse.Namespace) -> dict:
             points.append(point)
             print(f"{Path(model_path).name} bs={bs} n={n}: bare {point['bare_ms']:.2f} ms,"
                   f" served {point['served_ms']:.2f} ms", flush=True)  # fmt: skip
-    return {"model": model_path, "torch_threads": torch.get_num_threads(), "points": points}
+    name = f"{model_path}+hot" if args.worker_hot else model_path
+    return {"model": name, "torch_threads": torch.get_num_threads(), "points": points}
 
 
 # ---- orchestration: ABBA over the two models, pooled ----------------------------------------
@@ -289,10 +316,11 @@ def launcher_env() -> dict[str, str]:
 
 
 def _spawn(model: str, args: argparse.Namespace, argv: list[str], out: Path) -> dict:
-    """One worker process; ``model`` ending in ``+mtp`` times the target's MTP_LORA step."""
-    mtp = model.endswith("+mtp")
+    """One worker process; ``model`` ending in ``+mtp`` times the target's MTP_LORA step, in
+    ``+hot`` the draft on ``--draft-token-map``."""
+    kind = model.rpartition("+")[2] if model.endswith(("+mtp", "+hot")) else None
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv,
-           "--worker", model.removesuffix("+mtp"), *(["--worker-mtp"] if mtp else []),
+           "--worker", model.removesuffix(f"+{kind}"), *([f"--worker-{kind}"] if kind else []),
            "--json", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, env=launcher_env())
     return json.loads(out.read_text())
@@ -383,8 +411,9 @@ def summary(rows: list[dict], target: str, draft: str) -> dict:
             tau[f"{Path(model).name} bs={bs} T({n})/T(1)"] = (
                 served[(model, bs, n)] / served[(model, bs, 1)]
             )
-        if model == draft and (target, bs, n) in served:
-            share[f"bs={bs} n={n}"] = served[(draft, bs, n)] / served[(target, bs, n)]
+        if model in (draft, f"{draft}+hot") and (target, bs, n) in served:
+            hot = " hot" if model != draft else ""
+            share[f"bs={bs} n={n}{hot}"] = served[(model, bs, n)] / served[(target, bs, n)]
     return {"served_tau": tau, "draft_over_target": share}
 
 
@@ -407,7 +436,8 @@ def main(argv: list[str]) -> dict:
     passthrough = [a for a in argv if not a.startswith("--json") and a != args.json]
     tmp = Path(args.json).with_suffix(".runs")
     tmp.mkdir(parents=True, exist_ok=True)
-    order = [target, draft] + ([f"{target}+mtp"] if args.mtp_adapter else [])
+    order = [target, draft] + ([f"{draft}+hot"] if args.draft_token_map else [])
+    order += [f"{target}+mtp"] if args.mtp_adapter else []
     runs = []
     for r in range(args.rounds):
         for i, model in enumerate(order + order[::-1]):

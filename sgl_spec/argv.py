@@ -69,6 +69,7 @@ class LaunchArgs:
     model_path: str | None = None
     tokenizer_path: str | None = None
     draft_model_path: str | None = None  # --speculative-draft-model-path
+    token_map: str | None = None  # --speculative-token-map (a draft's hot vocabulary)
     device: str = "cpu"
     base_gpu_id: int = 0
     load_format: str | None = None  # "dummy": random weights, no checkpoint files read
@@ -109,6 +110,7 @@ class LaunchArgs:
             model_path=flag_value(argv, "--model-path"),
             tokenizer_path=flag_value(argv, "--tokenizer-path"),
             draft_model_path=flag_value(argv, "--speculative-draft-model-path"),
+            token_map=flag_value(argv, "--speculative-token-map"),
             device=device,
             base_gpu_id=_int_or_none(flag_value(argv, "--base-gpu-id")) or 0,
             load_format=flag_value(argv, "--load-format"),
@@ -132,6 +134,7 @@ class LaunchArgs:
             model_path=server_args.model_path,
             tokenizer_path=server_args.tokenizer_path,
             draft_model_path=server_args.speculative_draft_model_path,
+            token_map=getattr(server_args, "speculative_token_map", None),
             device=str(server_args.device),
             base_gpu_id=int(server_args.base_gpu_id or 0),
             load_format=str(server_args.load_format),

@@ -30,6 +30,8 @@ class Algorithm(ABC):
     name: ClassVar[str]
     # True when the algorithm drafts with --speculative-draft-model-path (a draft LM).
     uses_draft_model: ClassVar[bool] = False
+    # True when its draft model's head can be cut to SGLang's --speculative-token-map.
+    takes_token_map: ClassVar[bool] = False
     # With a draft LM: SGLang flags it gets on the shipped target (with the shipped draft)
     # where the user gave none.
     shipped_argv: ClassVar[dict[str, str]] = {}
@@ -69,6 +71,10 @@ class Algorithm(ABC):
             raise ValueError(
                 f"{self.name} does not draft with a draft model; drop"
                 " --speculative-draft-model-path"
+            )
+        if not self.takes_token_map and launch.token_map is not None:
+            raise ValueError(
+                f"{self.name} does not draft on a hot vocabulary; drop --speculative-token-map"
             )
         return self.settings(config, launch)
 

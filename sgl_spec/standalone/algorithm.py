@@ -10,6 +10,7 @@ shape SGLang neither rewrites silently nor crashes on, no DP attention, no pipel
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
@@ -28,6 +29,7 @@ class StandaloneFull(Algorithm):
     name = NAME
     runs_as = "STANDALONE"
     uses_draft_model = True
+    takes_token_map = True  # the draft's head cut to the map's rows (``hot_vocab.py``)
     parallel = frozenset({"tp_size", "dp_size"})
     parallel_why = {"pp_size": "SGLang's pipeline parallelism drafts with EAGLE only"}
     shipped_argv = SHIPPED_ARGV
@@ -59,6 +61,11 @@ class StandaloneFull(Algorithm):
         if launch.draft_model_path is None:
             raise ValueError(f"{name} needs --speculative-draft-model-path (the draft model)")
         check_draft_model(launch.draft_model_path, launch)
+        if launch.token_map is not None and not Path(launch.token_map).is_file():
+            raise ValueError(
+                f"--speculative-token-map {launch.token_map}: no such file (a torch.save'd list"
+                " of token ids: `python -m sgl_spec.standalone.hot_vocab`)"
+            )
         check_eagle_shape(launch.num_steps, launch.eagle_topk, launch.num_draft_tokens)
         mode = config.standalone_steps
         if mode not in (None, "fixed"):  # SGLang's adaptive step switching: chains (control.py)

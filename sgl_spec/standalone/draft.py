@@ -46,7 +46,7 @@ from sglang.srt.speculative.spec_utils import renorm_draft_probs, sample_draft_p
 from sglang.srt.utils.common import fast_topk
 
 from sgl_spec.common.metrics import SpecMetrics
-from sgl_spec.standalone import NAME, catch_up
+from sgl_spec.standalone import NAME, catch_up, hot_vocab
 from sgl_spec.standalone.compiled import compile_forwards
 
 
@@ -98,6 +98,12 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
         # labelled with our name, STANDALONE_FULL (SGLang serves it as STANDALONE)
         self.spec_metrics = SpecMetrics(NAME, server_args) if wanted else None
         self._forwards_compiled = False
+
+    def init_lm_head(self) -> None:
+        """SGLang's STANDALONE keeps the draft's own head; with ``--speculative-token-map`` it
+        keeps only the map's rows (``hot_vocab.py``)."""
+        super().init_lm_head()
+        hot_vocab.install(self)
 
     def _capture_cuda_graphs(self) -> None:
         """SGLang's (no draft graphs on CPU), then our compiled forwards where the launch asked
@@ -281,6 +287,9 @@ class FullContextDraftWorker(standalone_worker_v2.StandaloneDraftWorker):
             )
         finally:
             shift_seq_lens(batch, -1)
+        if self.hot_token_id is not None:  # the verify reads q over the target's vocabulary
+            vocab = self.target_worker.model_runner.model_config.vocab_size
+            draft_probs = hot_vocab.full_vocab(draft_probs, self.hot_token_id, vocab)
         verify_input = build_eagle_verify_input(
             batch,
             draft_input,

@@ -77,7 +77,20 @@ def _spec_args(
     ]
 
 
-def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
+def _token_maps(root: Path) -> dict[str, Path]:
+    """Hot vocabularies of the tiny models' 512 ids (``--speculative-token-map``), in a shuffled
+    order, so that a proposal left as a hot index reads as another token: every id, and 3/4 of
+    them."""
+    import torch
+
+    order = torch.randperm(512, generator=torch.Generator().manual_seed(0)).tolist()
+    maps = {"all": root / "hot_all.pt", "most": root / "hot_most.pt"}
+    torch.save(order, maps["all"])
+    torch.save(order[:384], maps["most"])
+    return maps
+
+
+def _pool_args(tiny_models: dict[str, Path], maps: dict[str, Path]) -> dict[str, list[str]]:
     t, d = tiny_models["target"], tiny_models["draft"]
     # Chains drafting at their full length every step (the controller, the default, is
     # exercised by the cycle servers: every length it may pick, switched every step).
@@ -96,6 +109,22 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
         # catch-up after each step without drafts
         "chain_cycle": [*_spec_args(t, d, CHAIN), "--standalone-steps", "cycle", *METRICS],
         "chain_identity_cycle": [*_spec_args(t, t, CHAIN), "--standalone-steps", "cycle"],
+        # the draft's head on a hot vocabulary: the target as its draft over every id (its
+        # proposals must be the target's tokens), and the draft over 3/4 of the ids
+        "chain_hot_identity": [
+            *_spec_args(t, t, CHAIN),
+            *fixed,
+            "--speculative-token-map",
+            str(maps["all"]),
+            *("--log-level", "info"),
+        ],
+        "chain_hot": [
+            *_spec_args(t, d, CHAIN),
+            *fixed,
+            "--speculative-token-map",
+            str(maps["most"]),
+            *("--log-level", "info"),
+        ],
         # every chain width and the plain decode compiled at start-up, at the batch of PROMPTS
         "chain_compiled": [
             *_spec_args(t, d, CHAIN),
@@ -112,7 +141,8 @@ def _pool_args(tiny_models: dict[str, Path]) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def servers(tiny_models, tmp_path_factory):
-    pool = ServerPool(_pool_args(tiny_models), tmp_path_factory.mktemp("logs"))
+    maps = _token_maps(tmp_path_factory.mktemp("token_maps"))
+    pool = ServerPool(_pool_args(tiny_models, maps), tmp_path_factory.mktemp("logs"))
     yield pool
     pool.close()
 
@@ -246,6 +276,23 @@ def test_one_step_identical_draft_accepts_almost_everything(servers, baseline_gr
     """The one-step chain (the chain and the full tree with an identical draft are
     ``test_identical_draft``'s, on the shipped model)."""
     _check_identity(servers, baseline_greedy, "one_step_identity", max_accept=2)
+
+
+def test_hot_vocabulary_drafts_the_maps_tokens(servers, baseline_greedy) -> None:
+    """``--speculative-token-map`` over every id in a shuffled order, the target as its own
+    draft: greedy output is the baseline's and the drafts are still the target's own tokens
+    (accepted nearly always); a proposal read as a hot index would be another token."""
+    server = servers("chain_hot_identity")
+    _check_identity(servers, baseline_greedy, "chain_hot_identity", max_accept=4)
+    assert "draft LM head on 512 of 512 tokens" in server.log_path.read_text()
+
+
+def test_hot_vocabulary_is_lossless(servers, baseline_greedy, law) -> None:
+    """The draft over 3/4 of the ids (a quarter of the target's tokens can never be drafted):
+    greedy output and the sampled law are the target's."""
+    _check_greedy(servers, baseline_greedy, "chain_hot")
+    _check_sampling(servers, law, "chain_hot")
+    assert "draft LM head on 384 of 512 tokens" in servers("chain_hot").log_path.read_text()
 
 
 def test_cycled_chain_lengths_greedy_equals_baseline(servers, baseline_greedy) -> None:

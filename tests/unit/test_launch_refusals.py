@@ -71,6 +71,10 @@ def models(tiny_models, tmp_path_factory) -> dict[str, str]:
                 config = "adapter_config.json" if name == "mtp" else "config.json"
                 (broken / config).write_text("{not json")
             paths[f"{name}_{defect}"] = broken
+    import torch
+
+    torch.save(list(range(10, 60)), root / "hot.pt")  # a hot vocabulary (--speculative-token-map)
+    paths["hot"] = root / "hot.pt"
     return {name: str(path) for name, path in paths.items()}
 
 
@@ -215,6 +219,13 @@ SHAPES = {
     "MINEDRAFT-steps-0": (minedraft("draft", STEPS, "0"), STEPS),
 }
 CASES.update(SHAPES)
+# --speculative-token-map: STANDALONE_FULL cuts its draft's head to the map (the file must be
+# there: SGLang would look for a missing one on a model hub); the others draft no such head
+MAP = "--speculative-token-map"
+CASES["STANDALONE_FULL-token-map-missing"] = (standalone_full("draft", MAP, "{missing}"), MAP)
+for name in ("MINEDRAFT", "MTP_LORA", "SPECBLOCK", "MINEDRAFT-specblock"):
+    build, good = LAUNCHERS[name]
+    CASES[f"{name}-token-map"] = (build(good, MAP, "{hot}"), MAP)
 NUM_CORES = len(os.sched_getaffinity(0))
 DEVICES = {
     "MINEDRAFT-cuda7": ["--speculative-draft-device", "cuda:7"],
@@ -264,6 +275,10 @@ def test_the_good_launches_pass(name, models) -> None:
     served_as = {"STANDALONE_FULL": "STANDALONE"}  # ours, served as SGLang's (runs_as)
     algorithm = name.split("-")[0]
     assert sglang_argv[sglang_argv.index(ALG) + 1] == served_as.get(algorithm, algorithm)
+
+
+def test_standalone_full_takes_a_token_map(models) -> None:
+    prepare_launch(fill([*standalone_full("draft", MAP, "{hot}"), *CPU], models))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -61,6 +61,12 @@ class StandaloneFull(Algorithm):
         if launch.draft_model_path is None:
             raise ValueError(f"{name} needs --speculative-draft-model-path (the draft model)")
         check_draft_model(launch.draft_model_path, launch)
+        if launch.token_map is not None and name == self.runs_as and not self.marked(config):
+            raise ValueError(
+                "--speculative-token-map: SGLang's STANDALONE keeps its draft's whole LM head"
+                " and would read its proposals as indices into the map; use"
+                f" --speculative-algorithm {NAME}, which cuts the head to the map"
+            )
         if launch.token_map is not None and not Path(launch.token_map).is_file():
             raise ValueError(
                 f"--speculative-token-map {launch.token_map}: no such file (a torch.save'd list"

@@ -223,6 +223,7 @@ CASES.update(SHAPES)
 # there: SGLang would look for a missing one on a model hub); the others draft no such head
 MAP = "--speculative-token-map"
 CASES["STANDALONE_FULL-token-map-missing"] = (standalone_full("draft", MAP, "{missing}"), MAP)
+CASES["STANDALONE-token-map"] = (standalone("draft", MAP, "{hot}"), MAP)  # SGLang's: no cut
 for name in ("MINEDRAFT", "MTP_LORA", "SPECBLOCK", "MINEDRAFT-specblock"):
     build, good = LAUNCHERS[name]
     CASES[f"{name}-token-map"] = (build(good, MAP, "{hot}"), MAP)

@@ -146,11 +146,13 @@ def _chain_verify_input() -> type:
     return ChainVerifyInput
 
 
-def _verify_batch(runner, batch, n: int):
-    """A TARGET_VERIFY ForwardBatch of a chain of ``n`` tokens per request on ``batch``'s
-    extend slots: what a verify runs (logits at every new position, causal, no
-    log-probabilities -- an EXTEND batch asking for every position's logits would also
-    compute input log-probabilities, which no verify does)."""
+def _verify_batch(runner, batch, n: int, input_ids=None, offsets=None, custom_mask=None):
+    """A TARGET_VERIFY ForwardBatch of ``n`` tokens per request on ``batch``'s extend slots:
+    what a verify runs (logits at every new position, no log-probabilities -- an EXTEND batch
+    asking for every position's logits would also compute input log-probabilities, which no
+    verify does). By default a causal chain of the extend's tokens; else ``input_ids`` [bs, n]
+    at position offsets ``offsets`` [n] under the tree mask ``custom_mask`` (the backend's
+    format), as MTP_LORA's step (``mtp_forward.py``)."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import (
         CaptureHiddenMode,
@@ -158,13 +160,20 @@ def _verify_batch(runner, batch, n: int):
         ForwardMode,
     )
 
+    from sgl_spec.mtp.info import MtpForwardInput
+
     bs = len(batch.reqs)
     prefix = (batch.seq_lens - n).to(torch.int64)
-    positions = (prefix[:, None] + torch.arange(n)[None, :]).reshape(-1)
+    offsets = torch.arange(n) if offsets is None else offsets.to(torch.int64)
+    positions = (prefix[:, None] + offsets[None, :]).reshape(-1)
+    if custom_mask is None:
+        spec_info = _chain_verify_input()(positions=positions, draft_token_num=n)
+    else:
+        spec_info = MtpForwardInput(positions=positions, custom_mask=custom_mask, draft_token_num=n)
     fb = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
-        input_ids=batch.input_ids.reshape(-1),
+        input_ids=(batch.input_ids if input_ids is None else input_ids).reshape(-1),
         req_pool_indices=batch.req_pool_indices,
         seq_lens=prefix,
         seq_lens_cpu=prefix.cpu() + n,
@@ -172,7 +181,7 @@ def _verify_batch(runner, batch, n: int):
         out_cache_loc=batch.out_cache_loc,
         positions=positions,
         spec_algorithm=runner.spec_algorithm,
-        spec_info=_chain_verify_input()(positions=positions, draft_token_num=n),
+        spec_info=spec_info,
         capture_hidden_mode=CaptureHiddenMode.NULL,
         return_hidden_states_before_norm=False,
     )

@@ -24,51 +24,23 @@ import statistics
 from pathlib import Path
 
 
-def _mask_mode(runner) -> int:
-    """The tree-mask format the attention backend reads (as ``TargetWrappingWorker``)."""
-    from sglang.srt.speculative import eagle_utils
-
-    verify_mask = getattr(runner.attn_backend, "verify_mask", None)
-    mode = eagle_utils.default_tree_mask_mode() if verify_mask is None else verify_mask.mode
-    return int(mode)
-
-
 def _mtp_verify_batch(runner, batch, k: int, mask_token_ids: list[int]):
-    """The TARGET_VERIFY ForwardBatch of k's step on ``batch``'s (k+1)² extend slots a request."""
+    """The TARGET_VERIFY ForwardBatch of k's step on ``batch``'s (k+1)² extend slots a request,
+    and k's layout."""
     import torch
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardBatch,
-        ForwardMode,
-    )
+    from forward_cost import _verify_batch
 
+    from sgl_spec.common.worker import backend_mask_mode
     from sgl_spec.mtp import layout as mtp_layout
-    from sgl_spec.mtp.info import MtpForwardInput
 
     lay = mtp_layout.mtp_layout(k)
     width, bs = lay.width, len(batch.reqs)
     prefix = (batch.seq_lens - width).to(torch.int64)
     anchors = batch.input_ids.view(bs, width)[:, : k + 1].to(torch.int64)
     input_ids = mtp_layout.build_input_ids(anchors, mask_token_ids[:k])
-    positions = (prefix[:, None] + lay.position_offsets.to(torch.int64)[None, :]).reshape(-1)
-    mask = mtp_layout.tree_mask(lay, bs, _mask_mode(runner), seq_lens=prefix)
-    fb = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY,
-        batch_size=bs,
-        input_ids=input_ids.reshape(-1),
-        req_pool_indices=batch.req_pool_indices,
-        seq_lens=prefix,
-        seq_lens_cpu=prefix.cpu() + width,
-        seq_lens_sum=int(prefix.sum()) + width * bs,
-        out_cache_loc=batch.out_cache_loc,
-        positions=positions,
-        spec_algorithm=runner.spec_algorithm,
-        spec_info=MtpForwardInput(positions=positions, custom_mask=mask, draft_token_num=width),
-        capture_hidden_mode=CaptureHiddenMode.NULL,
-        return_hidden_states_before_norm=False,
-    )
-    runner.kv_index_translator.bind_own_plan(fb)
-    runner.attn_backend.num_draft_tokens = width
+    mode = int(backend_mask_mode(runner.attn_backend))
+    mask = mtp_layout.tree_mask(lay, bs, mode, seq_lens=prefix)
+    fb = _verify_batch(runner, batch, width, input_ids, lay.position_offsets, mask)
     return fb, lay
 
 

@@ -27,6 +27,15 @@ from sgl_spec.control.step_times import StepClock
 logger = logging.getLogger(__name__)
 
 
+def backend_mask_mode(attn_backend: Any, default: Any = None) -> Any:
+    """The tree-mask layout ``attn_backend`` reads: its verify mask's, else ``default`` (None:
+    SGLang's EAGLE default, ``eagle_utils.default_tree_mask_mode``)."""
+    verify_mask = getattr(attn_backend, "verify_mask", None)
+    if verify_mask is not None:
+        return verify_mask.mode
+    return eagle_utils.default_tree_mask_mode() if default is None else default
+
+
 class TargetWrappingWorker(BaseSpecWorker):
     # The algorithm's name, for errors.
     name: str = "?"
@@ -151,8 +160,7 @@ class TargetWrappingWorker(BaseSpecWorker):
 
     def mask_mode(self) -> Any:
         """The tree-mask layout the attention backend reads (``TreeMaskMode``)."""
-        verify_mask = getattr(self.model_runner.attn_backend, "verify_mask", None)
-        return self.tree_mask_mode if verify_mask is None else verify_mask.mode
+        return backend_mask_mode(self.model_runner.attn_backend, self.tree_mask_mode)
 
     def capture_layer_outputs(self, layer_ids: tuple[int, ...], width: int) -> torch.Tensor:
         """Ask the target for the outputs of ``layer_ids`` (hidden size ``width``) as EAGLE-3

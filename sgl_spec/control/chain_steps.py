@@ -22,12 +22,15 @@ from sgl_spec.flags import CHAIN_STEPS_MODES
 # probe pays the draft's catch-up on the tokens committed meanwhile, not a step without drafts
 # as MTP_LORA's does. At high concurrency a full chain turns the batch over every step or two
 # and the step after a join is the draft model's slow one (it takes the new prompt first), so
-# steps are timed across batch changes, 4 to a sample (``step_times.py``).
+# steps are timed across batch changes, 4 to a sample (``step_times.py``), each setting by its
+# window's lower quartile (the cost a chain brings builds up after a switch, as the batch turns
+# over faster: no ``paired_times``).
 DRAFT_CHAIN_TUNING = {
     **CHAIN_TUNING,
     "explore_every": 64,
     "time_chunk": 4,
     "time_batch_changes": True,
+    "paired_times": False,
 }
 
 

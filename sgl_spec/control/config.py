@@ -15,9 +15,14 @@ from sgl_spec.control.probes import served_budget
 # a k > 0 looked cheap and ran for hundreds of steps, hence ``warmup_steps``. At a large batch,
 # where a verify of several tokens per request costs several plain steps, probes of settings
 # that could not pay at the batch's plausible acceptance cost that much for nothing (MTP_LORA
-# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes``.
+# k = 4 at 16 requests: ~7 plain steps each), hence ``plausible_probes``. A host's speed drifts
+# by tens of percent within a minute, hence ``paired_times``. Once speculating (a probe
+# included), speculation stays on while the best S > 1 (``hold_margin``): turned off by an
+# unlucky stretch of drafts, it stays off until a probe, and at one request that cost more
+# than the stretch (RESULTS.md, 2026-12-06).
 SERVED_TUNING = {"calibrate_steps": 3, "warmup_steps": 16, "probe_steps": 2,
-                 "explore_every": 256, "margin": 0.05, "switch_on_margin": 0.10,
+                 "explore_every": 256, "margin": 0.05, "hold_margin": 0.0,
+                 "switch_on_margin": 0.10, "paired_times": True,
                  "probe_budget": served_budget(), "plausible_probes": True}  # fmt: skip
 
 # A chain's controller (STANDALONE_FULL, MINEDRAFT, MTP_LORA) on top of ``SERVED_TUNING``: acceptance is a
@@ -68,8 +73,19 @@ class ControllerConfig:
     """Step times kept per (bucket, k) for their lower quartile."""
     time_chunk: int = 1
     """Step times averaged into one of those (``StepTimes.chunk``)."""
+    paired_times: bool = False
+    """With calibration, price settings from a host level that every step moves and offsets
+    learnt from steps right after a switch (``StepTimes.paired``, ``levels.py``): on a host whose
+    speed drifts, the lower quartiles of two windows sampled at different times divide times
+    of different ages. Only where a step's cost is its setting's own: a setting whose cost
+    builds up after the switch (a batch it turns over faster) would read as drift."""
     time_batch_changes: bool = False
     """Time a step up to the next one across joins and departures (``StepClock``)."""
+    hold_margin: float | None = None
+    """While speculating (the step before drafted, a probe's included), stay on while the best
+    S > 1 + hold_margin (None: ``margin``). Turning off costs more than staying on at a marginal
+    S: nothing measures acceptance while off, so an estimate that a few rejected drafts pulled
+    under the margin stays there until a probe, tens to hundreds of steps later."""
     switch_on_margin: float = 0.0
     """Extra margin to turn speculation on while it is off: the first step after k = 0 has no
     drafts to verify (it pays T(k) for one token), so a marginal predicted gain would be eaten
@@ -116,7 +132,7 @@ class ControllerConfig:
             raise ValueError(f"ewma_weight must lie in (0, 1], got {self.ewma_weight}")
         least = {"margin": 0, "switch_on_margin": 0, "explore_every": 0, "probe_steps": 1,
                  "warmup_steps": 0, "calibrate_steps": 0, "probe_others_every": 0,
-                 "refresh_every": 0, "time_chunk": 1}  # fmt: skip
+                 "refresh_every": 0, "time_chunk": 1, "hold_margin": 0}  # fmt: skip
         for name, low in least.items():
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")

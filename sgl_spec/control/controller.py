@@ -29,14 +29,13 @@ and that are long enough for the probes to cost at most ``probe_budget`` of serv
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from numbers import Integral
 
 from sgl_spec.control.acceptance import AcceptanceModel, ChainAcceptance
 from sgl_spec.control.bounds import cheaper_first, plausible_length, tau_bound
 from sgl_spec.control.config import TURNOVER_PROBE_STEPS, ControllerConfig
 from sgl_spec.control.cost_model import GammaTable, StepCost, predicted_speedup
+from sgl_spec.control.observing import AcceptanceObserver
 from sgl_spec.control.probes import UNPRICED_NEW_BATCH, ProbePrices
 from sgl_spec.control.step_times import StepTimes
 
@@ -67,7 +66,7 @@ class Decision:
     source: str = "table"
 
 
-class SpeculationController:
+class SpeculationController(AcceptanceObserver):
     """argmax_k S(k) = λ(k)·τ(γ(k)) / (1 + k·δ·τ(γ(k))) over the settings k in [0, k_max],
     ordered by cost (k = 0: no speculation), with λ(k) from an acceptance model
     (``acceptance.py``): by default a chain's, λ(k) = 1 + Σ_{i≤k} Π_{j≤i} α_j from running
@@ -105,10 +104,13 @@ class SpeculationController:
         if self.acceptance.most_accepted(0) != 0:
             raise ValueError("setting k = 0 of an acceptance model must have no drafts")
         min_samples = max(self.config.calibrate_steps, 1)
-        self.times = StepTimes(self.config.time_window, min_samples, self.config.time_chunk)
+        self.times = StepTimes(
+            self.config.time_window, min_samples, self.config.time_chunk, self.config.paired_times
+        )
         self.num_steps_off = 0  # consecutive steps at k = 0
         self.num_steps_seen = 0  # steps reported to observe_step, warm-up included
         self.num_steps_on = 0  # consecutive steps at k > 0
+        self._last_k = 0  # the setting of the last decision
         self._backoff = 1  # explore_every multiplier while speculation stays off
         self._implausible = False  # the last probe due found no setting that could pay
         self._joined = 0  # requests that joined since the last probe (probe_on_turnover)
@@ -166,6 +168,11 @@ class SpeculationController:
         return top
 
     def decide(self, batch_size: int, ctx_len: int) -> Decision:
+        decision = self._decide(batch_size, ctx_len)
+        self._last_k = decision.k
+        return decision
+
+    def _decide(self, batch_size: int, ctx_len: int) -> Decision:
         self._since_probe += 1
         if self._probe is not None:
             k, left, target = self._probe
@@ -180,8 +187,11 @@ class SpeculationController:
             needed = self._calibration_step(batch_size, ctx_len)
             if needed is not None:
                 return needed
-        extra = 0.0 if self.num_steps_on else self.config.switch_on_margin
-        decision = self.best(batch_size, ctx_len, extra_margin=extra)
+        decision = self.best(batch_size, ctx_len, extra_margin=self._extra_margin())
+        if decision.k > 0 and decision.source == "bound" and not self.num_steps_on:
+            # a bound is no measurement to hold on to: turning on from it pays the switch margin
+            extra = self.config.switch_on_margin
+            decision = self.best(batch_size, ctx_len, extra_margin=extra)
         every = self.config.explore_every
         if decision.k > 0:
             self.num_steps_off = 0
@@ -211,6 +221,14 @@ class SpeculationController:
                 return probe
         self.num_steps_off += 1
         return decision
+
+    def _extra_margin(self) -> float:
+        """Over ``margin``, what the best S must beat: ``hold_margin`` - margin while the step
+        before drafted (a probe's too: it paid the switch), else ``switch_on_margin``."""
+        if self.num_steps_on or self._last_k > 0:
+            hold = self.config.hold_margin
+            return 0.0 if hold is None else hold - self.config.margin
+        return self.config.switch_on_margin
 
     def _probe_while_off(self, batch_size: int, ctx_len: int) -> Decision | None:
         """The probe due while off, or None: not yet paid for (``probe_budget``), or, with
@@ -372,29 +390,3 @@ class SpeculationController:
             if self.prices.budget:  # else nothing is priced: no per-step lookups
                 t0, lam = self.times.get(batch_size, 0), self.acceptance_length(k)
                 self.prices.observed(k, batch_size, seconds, t0, lam)
-
-    def observe(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> None:
-        """Update the acceptance model from one request's accepted-draft count, or one count
-        per request of a batch, at setting ``k_used``."""
-        self.acceptance.observe(k_used, self._counts(k_used, num_accepted_drafts))
-
-    def observe_settings(self, observed: Mapping[int, Sequence[int]]) -> None:
-        """One step's accepted-draft counts per request at several settings: the one it ran and
-        smaller ones its drafts contain (an acceptance model with ``observe_settings``, e.g.
-        ``BudgetAcceptance``: SPECBLOCK's smaller node budgets are the best-scoring nodes of
-        the tree it verified)."""
-        settings = getattr(self.acceptance, "observe_settings", None)
-        if settings is None:
-            raise TypeError(f"{type(self.acceptance).__name__} observes one setting per step")
-        settings({k: self._counts(k, counts) for k, counts in observed.items()})
-
-    def _counts(self, k_used: int, num_accepted_drafts: int | Sequence[int]) -> list[int]:
-        """The counts as a list, checked against setting ``k_used``."""
-        one = isinstance(num_accepted_drafts, Integral)
-        counts = [int(a) for a in ([num_accepted_drafts] if one else num_accepted_drafts)]
-        if k_used < 0 or k_used > self.config.k_max:
-            raise ValueError(f"k_used must lie in [0, {self.config.k_max}], got {k_used}")
-        most = self.acceptance.most_accepted(k_used)
-        if any(not 0 <= a <= most for a in counts):
-            raise ValueError(f"num_accepted_drafts must lie in [0, {most}], got {counts}")
-        return counts

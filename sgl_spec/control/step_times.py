@@ -2,7 +2,8 @@
 
 The offline γ table times a bare forward; a served step also pays the method's own work, so
 ``SpeculationController`` (``controller.py``) can measure τ = T(0)/T(k) from the worker's step
-times instead. ``StepTimes`` keeps the lower quartile of the recent ones per (bucket, k);
+times instead. ``StepTimes`` keeps the lower quartile of the recent ones per (bucket, k), or
+with ``paired`` prices them from a host level and offsets learnt at switches (``levels.py``);
 ``StepClock`` measures a step from its start to the next one's. Pure.
 
 Where the batch turns over every step or two (a chain that commits several tokens per
@@ -20,6 +21,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from sgl_spec.control.levels import HostLevels
 
 # The least share of T(0) by which a setting must cost more than a plain step for the ratio of
 # two settings' extra costs to be read (``StepTimes.extra_ratio_from_smaller_batch``).
@@ -51,9 +54,13 @@ class StepTimes:
     chunk: int = 1
     """Observations averaged into one sample (module docstring): a sample is the mean of
     ``chunk`` steps of the same (bucket, k), and counts and the window are in samples."""
+    paired: bool = False
+    """Prices from a host level and per-setting offsets learnt at switches (``levels.py``)
+    where they place a setting, instead of each window's lower quartile."""
     _samples: dict[tuple[int, int], deque] = field(default_factory=dict, repr=False)
     _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
     _pending: dict[tuple[int, int], list[float]] = field(default_factory=dict, repr=False)
+    _levels: HostLevels = field(default_factory=HostLevels, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_samples <= self.window:
@@ -71,8 +78,11 @@ class StepTimes:
         pending.append(seconds)
         if len(pending) < self.chunk:
             return
-        self._samples.setdefault(key, deque(maxlen=self.window)).append(sum(pending) / len(pending))
+        sample = sum(pending) / len(pending)
+        self._samples.setdefault(key, deque(maxlen=self.window)).append(sample)
         self._counts[key] = self._counts.get(key, 0) + 1
+        if self.paired:
+            self._levels.feed(key[0], k, sample, self._raw_bucket(key[0]))
         pending.clear()
 
     def steps_to_measure(self, batch_size: int, k: int) -> int:
@@ -138,10 +148,20 @@ class StepTimes:
         return sorted({b for b, i in self._samples if i == k and b < bucket}, reverse=True)
 
     def _get_bucket(self, bucket: int, k: int) -> float | None:
+        """T(k) of ``bucket`` once measured: the host level's model (``levels.py``) where it
+        places k, else the lower quartile of k's window."""
         if self._counts.get((bucket, k), 0) < self.min_samples:
             return None
+        modelled = self._levels.seconds(bucket, k) if self.paired else None
+        return modelled if modelled is not None else self._lower_quartile(bucket, k)
+
+    def _lower_quartile(self, bucket: int, k: int) -> float:
         samples = sorted(self._samples[(bucket, k)])
         return samples[(len(samples) - 1) // 4]
+
+    def _raw_bucket(self, bucket: int) -> dict[int, float]:
+        """The lower quartile of every setting sampled in ``bucket``."""
+        return {k: self._lower_quartile(b, k) for b, k in self._samples if b == bucket}
 
 
 class StepClock:

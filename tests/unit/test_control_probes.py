@@ -147,7 +147,15 @@ def test_a_new_request_alone_is_probed_whatever_the_price() -> None:
     ctrl = _off_and_priced(16)
     ctrl.batch_changed(16, 16)
     assert [ctrl.choose_k(16, 256) for _ in range(40)] == [0] * 40
-    ctrl = _off_and_priced(1)
+    # At one request, where a budget could pay at full acceptance (n nodes cost 1 + n/8 plain
+    # steps) but the requests so far accepted nothing.
+    ctrl = budget_controller(BUDGETS, MAX_DRAFTS)
+    for _ in range(300):
+        k = ctrl.choose_k(1, 256)
+        ctrl.observe_step(k, 1, 0.01 * (1 + BUDGETS[k] / 8) if k else 0.01)
+        ctrl.observe(k, [0])
+    ctrl.prices._realised[batch_bucket(1)] = 20.0
+    assert ctrl.choose_k(1, 256) == 0
     ctrl.batch_changed(1, 1)
     assert any(ctrl.choose_k(1, 256) for _ in range(TURNOVER_PROBE_STEPS + 1))
 

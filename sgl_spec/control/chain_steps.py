@@ -24,13 +24,15 @@ from sgl_spec.flags import CHAIN_STEPS_MODES
 # and the step after a join is the draft model's slow one (it takes the new prompt first), so
 # steps are timed across batch changes, 4 to a sample (``step_times.py``), each setting by its
 # window's lower quartile (the cost a chain brings builds up after a switch, as the batch turns
-# over faster: no ``paired_times``).
+# over faster: no ``paired_times``); and the old on/off margins, no ``hold_margin`` (its one
+# sweep with STANDALONE_FULL did not separate it from a server twice as slow, RESULTS.md).
 DRAFT_CHAIN_TUNING = {
     **CHAIN_TUNING,
     "explore_every": 64,
     "time_chunk": 4,
     "time_batch_changes": True,
     "paired_times": False,
+    "hold_margin": None,
 }
 
 

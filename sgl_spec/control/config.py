@@ -83,7 +83,7 @@ class ControllerConfig:
     """Time a step up to the next one across joins and departures (``StepClock``)."""
     hold_margin: float | None = None
     """While speculating (the step before drafted, a probe's included), stay on while the best
-    S > 1 + hold_margin (None: ``margin``). Turning off costs more than staying on at a marginal
+    S > 1 + hold_margin (None: ``margin`` while speculating, a probe's steps not counted). Turning off costs more than staying on at a marginal
     S: nothing measures acceptance while off, so an estimate that a few rejected drafts pulled
     under the margin stays there until a probe, tens to hundreds of steps later."""
     switch_on_margin: float = 0.0

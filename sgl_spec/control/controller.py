@@ -223,11 +223,14 @@ class SpeculationController(AcceptanceObserver):
         return decision
 
     def _extra_margin(self) -> float:
-        """Over ``margin``, what the best S must beat: ``hold_margin`` - margin while the step
-        before drafted (a probe's too: it paid the switch), else ``switch_on_margin``."""
+        """Over ``margin``, what the best S must beat: with ``hold_margin``, hold - margin while
+        the step before drafted (a probe's too: it paid the switch); without, 0 while
+        speculating; else ``switch_on_margin``."""
+        hold = self.config.hold_margin
+        if hold is None:
+            return 0.0 if self.num_steps_on else self.config.switch_on_margin
         if self.num_steps_on or self._last_k > 0:
-            hold = self.config.hold_margin
-            return 0.0 if hold is None else hold - self.config.margin
+            return hold - self.config.margin
         return self.config.switch_on_margin
 
     def _probe_while_off(self, batch_size: int, ctx_len: int) -> Decision | None:

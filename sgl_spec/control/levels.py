@@ -15,6 +15,7 @@ exp(-offset[k]) then pairs steps a few apart. Pure.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Weight of a step in the level: it follows the host within a few steps.
@@ -44,10 +45,12 @@ class HostLevels:
     _run: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # (k, length, k before)
     _clock: int = 0
 
-    def feed(self, bucket: int, k: int, seconds: float, anchors: dict[int, float]) -> None:
-        """One sample of setting k in ``bucket``. ``anchors``: seconds of the settings of this
-        bucket as the caller's raw estimate has them, to place a first sample against when the
-        bucket has no level yet."""
+    def feed(
+        self, bucket: int, k: int, seconds: float, anchors: Callable[[], dict[int, float]]
+    ) -> None:
+        """One sample of setting k in ``bucket``. ``anchors()``: seconds of the settings of
+        this bucket as the caller's raw estimate has them, to place the settings sampled before
+        the bucket's first plain step (called then only)."""
         self._clock += 1
         log_s = math.log(seconds)
         last = self._run.get(bucket)
@@ -62,7 +65,7 @@ class HostLevels:
         offset = 0.0 if k == 0 else self._offset.get((bucket, k))
         if level is None and k == 0:
             self._level[bucket] = log_s
-            for j, seconds_j in anchors.items():
+            for j, seconds_j in anchors().items():
                 if j > 0 and (bucket, j) not in self._offset:
                     self._set_offset(bucket, j, math.log(seconds_j) - log_s)
             return

@@ -82,7 +82,7 @@ class StepTimes:
         self._samples.setdefault(key, deque(maxlen=self.window)).append(sample)
         self._counts[key] = self._counts.get(key, 0) + 1
         if self.paired:
-            self._levels.feed(key[0], k, sample, self._raw_bucket(key[0]))
+            self._levels.feed(key[0], k, sample, lambda: self._raw_bucket(key[0]))
         pending.clear()
 
     def steps_to_measure(self, batch_size: int, k: int) -> int:

@@ -67,12 +67,12 @@ def test_stale_bucket_is_anchored_anew_and_settings_before_t0_are_placed() -> No
     (no pairing against an old level); samples of k before any T(0) in a bucket give k's offset
     from their lower quartile once T(0) comes."""
     levels = HostLevels()
-    levels.feed(2, 1, 0.030, {})
+    levels.feed(2, 1, 0.030, dict)
     assert levels.seconds(2, 1) is None and levels.seconds(2, 0) is None
-    levels.feed(2, 0, 0.020, {1: 0.030})
+    levels.feed(2, 0, 0.020, lambda: {1: 0.030})
     assert levels.seconds(2, 1) == pytest.approx(0.030)
     for _ in range(STALE_SAMPLES + 1):
-        levels.feed(0, 0, 0.010, {})
-    levels.feed(2, 1, 0.060, {})  # the host is twice as slow now: re-anchored, offset kept
+        levels.feed(0, 0, 0.010, dict)
+    levels.feed(2, 1, 0.060, dict)  # the host is twice as slow now: re-anchored, offset kept
     assert levels.seconds(2, 1) == pytest.approx(0.060)
     assert levels.seconds(2, 0) == pytest.approx(0.040)

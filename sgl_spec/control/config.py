@@ -83,9 +83,10 @@ class ControllerConfig:
     """Time a step up to the next one across joins and departures (``StepClock``)."""
     hold_margin: float | None = None
     """While speculating (the step before drafted, a probe's included), stay on while the best
-    S > 1 + hold_margin (None: ``margin`` while speculating, a probe's steps not counted). Turning off costs more than staying on at a marginal
-    S: nothing measures acceptance while off, so an estimate that a few rejected drafts pulled
-    under the margin stays there until a probe, tens to hundreds of steps later."""
+    S > 1 + hold_margin (None: ``margin`` while speculating, a probe's steps not counted).
+    Turning off costs more than staying on at a marginal S: nothing measures acceptance while
+    off, so an estimate that a few rejected drafts pulled under the margin stays there until a
+    probe, tens to hundreds of steps later."""
     switch_on_margin: float = 0.0
     """Extra margin to turn speculation on while it is off: the first step after k = 0 has no
     drafts to verify (it pays T(k) for one token), so a marginal predicted gain would be eaten

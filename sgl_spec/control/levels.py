@@ -62,7 +62,7 @@ class HostLevels:
         level = self._level.get(bucket)
         fresh = level is not None and self._clock - self._fed.get(bucket, 0) <= STALE_SAMPLES
         self._fed[bucket] = self._clock
-        offset = 0.0 if k == 0 else self._offset.get((bucket, k))
+        offset = self._offset_of(bucket, k)
         if level is None and k == 0:
             self._level[bucket] = log_s
             for j, seconds_j in anchors().items():
@@ -89,11 +89,14 @@ class HostLevels:
 
     def seconds(self, bucket: int, k: int) -> float | None:
         """T(k) now in ``bucket``, or None where the level or k's offset is not known."""
-        level = self._level.get(bucket)
-        offset = 0.0 if k == 0 else self._offset.get((bucket, k))
+        level, offset = self._level.get(bucket), self._offset_of(bucket, k)
         if level is None or offset is None:
             return None
         return math.exp(level + offset)
+
+    def _offset_of(self, bucket: int, k: int) -> float | None:
+        """k's log offset in ``bucket`` (0 for a plain step; None before k is placed)."""
+        return 0.0 if k == 0 else self._offset.get((bucket, k))
 
     def _set_offset(self, bucket: int, k: int, value: float) -> None:
         self._offset[(bucket, k)] = value

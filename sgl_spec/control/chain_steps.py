@@ -15,7 +15,7 @@ from typing import Any
 from sgl_spec.control.config import CHAIN_TUNING, ControllerConfig
 from sgl_spec.control.controller import SpeculationController
 from sgl_spec.control.cost_model import DrafterCost
-from sgl_spec.control.ranks import agreed_across_ranks
+from sgl_spec.control.guard import served_controller
 from sgl_spec.flags import CHAIN_STEPS_MODES
 
 # A draft model's chain: probing while off every 64 steps, not 256 (``SERVED_TUNING``): a
@@ -66,7 +66,7 @@ class ChainSteps:
             raise ValueError(f"{flag} {mode} needs --speculative-num-steps >= 1")
         self.mode = mode
         self.max_steps = max_steps
-        self.controller: Any = agreed_across_ranks(
+        self.controller: Any = served_controller(
             steps_controller(max_steps, **tuning) if mode == "auto" else None
         )
         self.steps = 0 if mode == "off" else max_steps  # the length chosen last

@@ -32,7 +32,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sgl_spec.common import compiled_forwards
 from sgl_spec.common.plain_step import forward_batch_of, plain_result, plain_step, verify_chain
 from sgl_spec.common.worker import TargetWrappingWorker
-from sgl_spec.control.ranks import agreed_across_ranks
+from sgl_spec.control.guard import served_controller
 from sgl_spec.mtp import layout as mtp_layout_mod
 from sgl_spec.mtp.info import MtpDraftInput, MtpForwardInput, pad_drafts
 from sgl_spec.mtp.settings import MtpSettings
@@ -94,7 +94,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         )
         self.k_max = settings.k_max
         self.fixed_k = settings.fixed_k
-        self.controller = agreed_across_ranks(settings.controller)
+        self.controller = served_controller(settings.controller)
         self.mask_token_ids = torch.tensor(settings.mask_token_ids, device=self.device)
         self._layouts: dict[int, tuple] = {}
         self.stats = MtpStats()

@@ -35,8 +35,8 @@ from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.budget import budget_controller
-from sgl_spec.control.controller import SpeculationController
-from sgl_spec.control.ranks import agreed_across_ranks
+from sgl_spec.control.guard import served_controller
+from sgl_spec.control.ranks import RankZeroDecides
 from sgl_spec.patches.cpu_packed_linear import pack_linear_modules
 from sgl_spec.specblock.adapt.serving import OnlineAdapter
 from sgl_spec.specblock.config import CheckpointError
@@ -103,7 +103,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._last_budget = self.budgets[0]  # of the last decode step (a fresh server's: plain)
         self._last_batch_size = 0  # requests in the last decode step
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
-        self.controller = agreed_across_ranks(
+        self.controller = served_controller(
             budget_controller(self.budgets, settings.budget_drafts())
             if settings.budget == "auto"
             else None
@@ -190,7 +190,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         after it would otherwise be read at its prefill though its steps run without drafts."""
         if self._last_budget == 1:
             return False
-        if not isinstance(self.controller, SpeculationController):
+        if self.controller is None or isinstance(self.controller, RankZeroDecides):
             return True
         batch_size = max(num_new, self._last_batch_size)
         ctx = int(seq_lens.sum()) // max(num_new, 1)

@@ -18,11 +18,14 @@ must return exactly those.
     not) return the reference, KV usage at idle (radix-cache entries counted free) is back to
     its value before the storm, and MINEDRAFT's two batches stay balanced (``balance=``
     within one, its draft link never faults).
+(d) STANDALONE_FULL's speculation controller raising mid-serving: the server goes on with plain
+    decode steps, outputs unchanged.
 
-The fault of (b) is planted by ``tests/helpers/fault_hooks/sitecustomize.py`` (this module puts
-it on the server's ``PYTHONPATH``): a scheduler is another process, so pytest's monkeypatch
-cannot reach it, and a fault switch in ``sgl_spec`` would be a test-only code path in the
-product; the hook patches the trainer in the server's own processes, from ``tests/`` only.
+The faults of (b) and (d) are planted by ``tests/helpers/fault_hooks/sitecustomize.py`` (this
+module puts it on the server's ``PYTHONPATH``): a scheduler is another process, so pytest's
+monkeypatch cannot reach it, and a fault switch in ``sgl_spec`` would be a test-only code path in
+the product; the hook patches the trainer and the controller in the server's own processes, from
+``tests/`` only.
 """
 
 from __future__ import annotations
@@ -83,18 +86,27 @@ SERVERS = {
         "--speculative-num-draft-tokens", "4",
     ],
 }  # fmt: skip
-FAULT_ENV = {"specblock": {"SGLSPEC_FAULT_ADAPT_FAILURES": "1"}}
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def controller_fault(tmp_path_factory) -> Path:
+    """The file whose creation makes the STANDALONE_FULL server's controller raise (once)."""
+    return tmp_path_factory.mktemp("faults") / "controller"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory, controller_fault):
     pool = ServerPool(SERVERS, tmp_path_factory.mktemp("fault_logs"))
+    fault_env = {
+        "specblock": {"SGLSPEC_FAULT_ADAPT_FAILURES": "1"},
+        "standalone": {"SGLSPEC_FAULT_CONTROLLER_FILE": str(controller_fault)},
+    }
 
     def serve(name: str) -> Server:
         with pytest.MonkeyPatch.context() as env:  # what the server's processes inherit
-            if name in FAULT_ENV:
+            if name in fault_env:
                 env.setenv("PYTHONPATH", str(FAULT_HOOKS), prepend=os.pathsep)
-            for key, value in FAULT_ENV.get(name, {}).items():
+            for key, value in fault_env.get(name, {}).items():
                 env.setenv(key, value)
             return pool(name)
 
@@ -266,3 +278,26 @@ def test_abort_storm_mtp_lora(servers, prompt_ids, reference) -> None:
 
 def test_abort_storm_standalone(servers, prompt_ids, reference) -> None:
     _abort_storm(servers("standalone"), "standalone", prompt_ids, reference)
+
+
+def test_controller_fails_mid_serving_standalone(servers, prompt_ids, reference, controller_fault):
+    """(d) STANDALONE_FULL at its default (``auto``), its controller's ``decide`` raising while
+    16 requests are in flight: logged, those and the next 16 return the reference, and every
+    step after it runs without drafts (``control/guard.py``)."""
+    server = servers("standalone")
+    labels = {"algorithm": "STANDALONE_FULL"}
+    controller_fault.touch()
+    rows = range(16)
+    specs = [_spec("ctl-fault", i, prompt_ids[i], stream=i % 2 == 0) for i in rows]
+    _assert_reference(_run_all(server, specs), reference, rows)
+    log = server.tail(40000)
+    assert "injected fault: the controller's decide raises" in log, log
+    assert "speculation controller failed" in log, log
+    samples = scrape(server)
+    drafted = total(samples, "sglang:spec_chosen_k_sum", **labels)
+    plain = total(samples, "sglang:spec_plain_steps_total", **labels)
+    specs = [_spec("ctl-after", i, prompt_ids[i], stream=i % 2 == 1) for i in rows]
+    _assert_reference(_run_all(server, specs), reference, rows)
+    samples = scrape(server)
+    assert total(samples, "sglang:spec_chosen_k_sum", **labels) == drafted  # no drafts since
+    assert total(samples, "sglang:spec_plain_steps_total", **labels) > plain

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from sgl_spec.control.budget import budget_controller
+from sgl_spec.control.ranks import RankZeroDecides
 from sgl_spec.specblock.worker import SpecBlockWorker
 
 BUDGETS = (1, 2, 4, 8)
@@ -55,8 +56,9 @@ def test_prompts_are_read_where_the_next_step_drafts() -> None:
 def test_without_a_lone_controller_the_last_step_decides() -> None:
     assert _drafts_next(_worker(None), 32)  # a fixed budget drafts every step
     assert not _drafts_next(_worker(None, last_budget=1), 32)  # budget "off"
-    ranks = SimpleNamespace(best=lambda *args: SimpleNamespace(k=0))  # rank 0 decides for all
-    assert _drafts_next(_worker(ranks), 32)
+    ctrl = SimpleNamespace(expects_drafts=lambda *args: False)
+    assert _drafts_next(_worker(RankZeroDecides(ctrl, group=None)), 32)  # rank 0 decides for all
+    assert not _drafts_next(_worker(ctrl), 32)  # a lone controller (guarded or not) is asked
 
 
 def test_a_batch_whose_plain_step_is_unmeasured_reads_no_prompts() -> None:

@@ -6,7 +6,12 @@ without a test-only code path in ``sgl_spec``.
 ``SGLSPEC_FAULT_ADAPT_FAILURES=N``: the first N SPECBLOCK adaptation updates
 (``DrafterCopies.update``) raise after their first optimizer step, i.e. mid-update, with
 ``theta_train`` already changed. The patch is applied when ``sgl_spec.specblock.adapt.update``
-is imported; nothing else is touched, and without the variable this file does nothing.
+is imported.
+
+``SGLSPEC_FAULT_CONTROLLER_FILE=PATH``: once PATH exists, the next
+``SpeculationController.decide`` raises (once per process): the controller failing mid-serving.
+
+Nothing else is touched, and without the variables this file does nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ import importlib.abc
 import os
 import sys
 
-TARGET = "sgl_spec.specblock.adapt.update"
 NUM_FAILURES = int(os.environ.get("SGLSPEC_FAULT_ADAPT_FAILURES", "0") or 0)
+CONTROLLER_FILE = os.environ.get("SGLSPEC_FAULT_CONTROLLER_FILE", "")
 
 
-def _patch(module) -> None:
+def _patch_adapt(module) -> None:
     real_update, real_loss = module.DrafterCopies.update, module.adapt_loss
     failed = [0]
 
@@ -44,9 +49,29 @@ def _patch(module) -> None:
     module.DrafterCopies.update = update
 
 
+def _patch_controller(module) -> None:
+    real_decide = module.SpeculationController.decide
+    fired = [False]
+
+    def decide(self, batch_size, ctx_len):
+        if not fired[0] and os.path.exists(CONTROLLER_FILE):
+            fired[0] = True
+            raise RuntimeError("injected fault: the controller's decide raises")
+        return real_decide(self, batch_size, ctx_len)
+
+    module.SpeculationController.decide = decide
+
+
+PATCHES = {}
+if NUM_FAILURES > 0:
+    PATCHES["sgl_spec.specblock.adapt.update"] = _patch_adapt
+if CONTROLLER_FILE:
+    PATCHES["sgl_spec.control.controller"] = _patch_controller
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        if name not in PATCHES:
             return None
         for finder in sys.meta_path:
             find = None if finder is self else getattr(finder, "find_spec", None)
@@ -59,11 +84,11 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module) -> None:
             exec_module(module)
-            _patch(module)
+            PATCHES[name](module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
 
 
-if NUM_FAILURES > 0:
+if PATCHES:
     sys.meta_path.insert(0, _PatchOnImport())

@@ -510,24 +510,36 @@ def add_ratios(runs: list[dict]) -> None:
         for metric in RATIO_METRICS:
             ref, value = reference.get(metric), run.get(metric)
             ratios[metric] = value / ref if ref and value is not None else None
-        ratios["output_throughput_paired"] = paired_ratio(
-            run.get("rounds"), reference.get("rounds"), "output_throughput"
+        per_round = paired_ratios(run.get("rounds"), reference.get("rounds"), "output_throughput")
+        ratios["output_throughput_paired"] = (
+            None if per_round is None else statistics.median(per_round)
+        )
+        ratios["output_throughput_paired_range"] = (
+            None if per_round is None or len(per_round) < 2 else [min(per_round), max(per_round)]
         )
         run["ratios"] = ratios
 
 
-def paired_ratio(
+def paired_ratios(
     rounds: list[dict] | None, reference: list[dict] | None, metric: str
-) -> float | None:
-    """Median over rounds of ``rounds[r][metric] / reference[r][metric]``: each round's runs
-    ran back to back, so this cancels drift between rounds that a ratio of medians keeps.
-    None without rounds on both sides, or where a round lacks the metric."""
+) -> list[float] | None:
+    """``rounds[r][metric] / reference[r][metric]`` per round r: each round's runs ran back to
+    back. None without rounds on both sides, or where a round lacks the metric."""
     if not rounds or not reference or len(rounds) != len(reference):
         return None
     pairs = [(run.get(metric), ref.get(metric)) for run, ref in zip(rounds, reference, strict=True)]
     if any(not ref or value is None for value, ref in pairs):
         return None
-    return statistics.median(value / ref for value, ref in pairs)
+    return [value / ref for value, ref in pairs]
+
+
+def paired_ratio(
+    rounds: list[dict] | None, reference: list[dict] | None, metric: str
+) -> float | None:
+    """Median over rounds of ``rounds[r][metric] / reference[r][metric]`` (``paired_ratios``):
+    this cancels drift between rounds that a ratio of medians keeps."""
+    per_round = paired_ratios(rounds, reference, metric)
+    return None if per_round is None else statistics.median(per_round)
 
 
 def round_orders(algorithms: list[str], rounds: int) -> list[list[str]]:
@@ -667,11 +679,15 @@ def _fmt(value: float | bool | None, spec: str = ".2f") -> str:
     return format(value, spec)
 
 
+def _fmt_range(bounds: list[float] | None) -> str:
+    return "-" if bounds is None else f"{bounds[0]:.2f}-{bounds[1]:.2f}"
+
+
 def format_table(runs: list[dict]) -> str:
     """A fixed-width table; ratios are against the first run (x = run / first)."""
     header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "T_D%"]
     header += ["greedy="]
-    header += ["x tok/s", "x e2e", "x tpot", "x tok/s paired"]
+    header += ["x tok/s", "x e2e", "x tpot", "x tok/s paired", "paired min-max"]
     rows, errors = [header], []
     for run in runs:
         if "error" in run:
@@ -690,6 +706,7 @@ def format_table(runs: list[dict]) -> str:
                 _fmt(run["greedy_equal_baseline"]),
                 *(_fmt(ratios.get(m), ".3f") for m in RATIO_METRICS),
                 _fmt(ratios.get("output_throughput_paired"), ".3f"),
+                _fmt_range(ratios.get("output_throughput_paired_range")),
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -379,7 +379,8 @@ def main(argv: list[str]) -> int:
     print(f"ratios x = run / {args.algorithms[0]}; greedy= : greedy ids equal the first run's")
     if args.rounds > 1:
         print(f"metrics: median over {args.rounds} rounds (order alternates)")
-        print("x tok/s paired: median over rounds of run / first run of the same round")
+        print("x tok/s paired: median over rounds of run / first run of the same round;")
+        print("paired min-max: the lowest and highest of those per-round ratios")
     if args.interleave:
         print("servers: all up at once (--interleave), idle ones sleeping")
     for concurrency in args.concurrencies:

@@ -255,7 +255,8 @@ def test_assemble_greedy_equality_and_ratios() -> None:
     assert standalone["greedy_equal_baseline"] is True
     assert other["greedy_equal_baseline"] is False
     assert none["ratios"] == {"output_throughput": 1.0, "mean_e2e_latency_ms": 1.0,
-                              "mean_tpot_ms": 1.0, "output_throughput_paired": None}  # fmt: skip
+                              "mean_tpot_ms": 1.0, "output_throughput_paired": None,
+                              "output_throughput_paired_range": None}  # fmt: skip
     assert standalone["ratios"]["output_throughput"] == pytest.approx(2.5)
     assert standalone["ratios"]["mean_e2e_latency_ms"] == pytest.approx(0.4)
     assert standalone["ratios"]["mean_tpot_ms"] == pytest.approx(0.4)
@@ -282,7 +283,8 @@ def test_failed_runs_keep_their_error_and_get_no_ratios() -> None:
     failed, ok = result["runs"]
     assert failed == {"algorithm": "none", "error": "RuntimeError: boom"}
     assert ok["greedy_equal_baseline"] is None
-    assert ok["ratios"] == dict.fromkeys([*lib.RATIO_METRICS, "output_throughput_paired"])
+    paired = ["output_throughput_paired", "output_throughput_paired_range"]
+    assert ok["ratios"] == dict.fromkeys([*lib.RATIO_METRICS, *paired])
     table = lib.format_table(result["runs"])
     assert "none: ERROR RuntimeError: boom" in table and "standalone" in table
 
@@ -306,8 +308,9 @@ def test_table_shows_values_and_ratios() -> None:
         "1.000",
         "1.000",
         "-",
+        "-",
     ]
-    assert standalone.split()[-7:] == ["3.50", "-", "yes", "2.000", "0.500", "0.500", "-"]
+    assert standalone.split()[-8:] == ["3.50", "-", "yes", "2.000", "0.500", "0.500", "-", "-"]
 
 
 def test_server_metrics_come_from_the_last_worker_line() -> None:
@@ -411,6 +414,25 @@ def test_paired_ratio_cancels_drift_between_rounds() -> None:
     runs.append(lib.combine_rounds([fake_run("b", r["output_throughput"], [[1]]) for r in b]))
     lib.add_ratios(runs)
     assert runs[1]["ratios"]["output_throughput_paired"] == pytest.approx(0.95)
+    assert runs[1]["ratios"]["output_throughput_paired_range"] == pytest.approx([0.95, 0.95])
+
+
+def test_paired_range_shows_the_spread_of_the_rounds() -> None:
+    """The table says how far the rounds' paired ratios spread, next to their median."""
+    a = [{"output_throughput": v} for v in (100.0, 100.0, 100.0)]
+    b = [{"output_throughput": v} for v in (80.0, 100.0, 130.0)]
+    assert lib.paired_ratios(b, a, "output_throughput") == pytest.approx([0.8, 1.0, 1.3])
+    rounds = [
+        [fake_run("none", r["output_throughput"], [[1]]) for r in a],
+        [fake_run("b", r["output_throughput"], [[1]]) for r in b],
+    ]
+    result = lib_assemble(["none", "b"], [lib.combine_rounds(one) for one in rounds])
+    runs = result["runs"]
+    assert runs[1]["ratios"]["output_throughput_paired"] == pytest.approx(1.0)
+    assert runs[1]["ratios"]["output_throughput_paired_range"] == pytest.approx([0.8, 1.3])
+    table = lib.format_table(runs)
+    assert "paired min-max" in table.splitlines()[0]
+    assert table.splitlines()[2].split()[-2:] == ["1.000", "0.80-1.30"]
 
 
 def test_interleave_needs_a_pool_cap_and_sleeps_idle_servers() -> None:

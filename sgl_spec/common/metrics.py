@@ -95,7 +95,7 @@ class SpecMetrics:
         self.interval = IntervalStats()
         self.totals = IntervalStats()  # since start (position counts only)
         self.extra_log: dict[str, str] = {}  # algorithm-specific figures for the log line
-        self._restarts = self._updates = self._rollbacks = self._plain = 0
+        self._restarts = self._updates = self._rollbacks = self._plain = self._failures = 0
         _DecodeLogSuffix.install(self)
 
     def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = (), **kw: Any):
@@ -202,6 +202,13 @@ class SpecMetrics:
             "sglang:spec_draft_server_restarts", self._restarts, num_restarts
         )
 
+    def controller_failed(self, reason: str) -> None:
+        """The speculation controller raised (``control/guard.py``): every later step runs
+        without drafts. Counted, and said on every decode log line from then on."""
+        del reason  # logged with its traceback where it happened
+        self.extra_log["controller"] = "failed"
+        self._failures = self._count("sglang:spec_controller_failures", self._failures, 1)
+
     def observe_phase(self, overlap_ratio: float, num_verified: int, num_drafted: int) -> None:
         """MINEDRAFT: one phase (verify one batch while the draft server drafts the other)."""
         self.extra_log["overlap"] = f"{overlap_ratio:.2f}"
@@ -248,6 +255,14 @@ class SpecMetrics:
             parts.append(f"pred/real tokens {stats.predicted / n:.2f}/{stats.realised / n:.2f}")
         parts += [f"{key.replace('_', ' ')} {value}" for key, value in self.extra_log.items()]
         return ", ".join(parts)
+
+
+def count_controller_failures(controller: Any, metrics: SpecMetrics | None) -> None:
+    """Have ``metrics`` count a failure of ``controller`` where it is guarded
+    (``control/guard.py``) and metrics exist."""
+    when_failed = getattr(controller, "when_failed", None)
+    if when_failed is not None and metrics is not None:
+        when_failed(metrics.controller_failed)
 
 
 class _DecodeLogSuffix(logging.Filter):

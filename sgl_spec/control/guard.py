@@ -57,6 +57,14 @@ class GuardedController:
         object.__setattr__(self, "_controller", controller)
         object.__setattr__(self, "_owner", owner)  # the guard whose failure this one shares
         object.__setattr__(self, "_failure", None)
+        object.__setattr__(self, "_on_failure", None)
+
+    def when_failed(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` when the controller fails (at once if it has): the
+        worker's metrics count it."""
+        object.__setattr__(self, "_on_failure", callback)
+        if self.failure is not None:
+            callback(self.failure)
 
     @property
     def failure(self) -> str | None:
@@ -109,6 +117,11 @@ class GuardedController:
             "(plain decode, output unchanged) until the server restarts",
             self._failure,
         )
+        if self._on_failure is not None:
+            try:
+                self._on_failure(self._failure)
+            except Exception:  # counting it must not fail the step either
+                logger.exception("could not count the controller's failure")
 
 
 def guarded(controller: Any) -> Any:

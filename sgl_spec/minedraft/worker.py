@@ -50,6 +50,7 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 
 from sgl_spec.common import compiled_forwards
+from sgl_spec.common.metrics import count_controller_failures
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
@@ -105,6 +106,7 @@ class MineDraftWorker(TargetWrappingWorker):
         # drafts verified per request each step (--minedraft-steps); the controller, if auto
         self.steps = ChainSteps(settings.steps_mode, settings.num_steps, "--minedraft-steps")
         self.controller = self.steps.controller
+        count_controller_failures(self.controller, self.metrics)
         self.catch_up_tokens = catch_up_tokens()
         self.k = settings.num_steps  # this step's drafts per request (its width is k + 1)
 

@@ -30,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 
 from sgl_spec.common import compiled_forwards
+from sgl_spec.common.metrics import count_controller_failures
 from sgl_spec.common.plain_step import forward_batch_of, plain_result, plain_step, verify_chain
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.guard import served_controller
@@ -95,6 +96,7 @@ class MtpLoraWorker(TargetWrappingWorker):
         self.k_max = settings.k_max
         self.fixed_k = settings.fixed_k
         self.controller = served_controller(settings.controller)
+        count_controller_failures(self.controller, self.metrics)
         self.mask_token_ids = torch.tensor(settings.mask_token_ids, device=self.device)
         self._layouts: dict[int, tuple] = {}
         self.stats = MtpStats()

@@ -31,6 +31,7 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from sgl_spec.common import compiled_forwards
+from sgl_spec.common.metrics import count_controller_failures
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
@@ -108,6 +109,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             if settings.budget == "auto"
             else None
         )
+        count_controller_failures(self.controller, self.metrics)
         self._num_steps = 0
         self._decision = None  # the controller's last Decision
         if varied:

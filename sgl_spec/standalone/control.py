@@ -23,6 +23,7 @@ from typing import Any
 from sglang.srt.speculative import standalone_worker_v2
 from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
 
+from sgl_spec.common.metrics import count_controller_failures
 from sgl_spec.common.plain_step import plain_result, plain_step
 from sgl_spec.control.chain_steps import ChainSteps
 from sgl_spec.control.step_times import StepClock
@@ -88,6 +89,8 @@ class ControlledStandaloneWorker(standalone_worker_v2.StandaloneWorkerV2):
                 "--standalone-steps other than fixed needs a chain: --speculative-eagle-topk 1"
             )
         self.policy = StepsPolicy(process_config().standalone_steps, self.speculative_num_steps)
+        metrics = getattr(self._draft_worker, "spec_metrics", None)
+        count_controller_failures(self.policy.controller, metrics)
         self.adaptive_controller = AdaptiveController(self, self.policy)
         self._clock = StepClock()
 

@@ -301,3 +301,4 @@ def test_controller_fails_mid_serving_standalone(servers, prompt_ids, reference,
     samples = scrape(server)
     assert total(samples, "sglang:spec_chosen_k_sum", **labels) == drafted  # no drafts since
     assert total(samples, "sglang:spec_plain_steps_total", **labels) > plain
+    assert total(samples, "sglang:spec_controller_failures_total", **labels) == 1

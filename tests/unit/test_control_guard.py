@@ -111,3 +111,23 @@ class _Broken:
     @property
     def value(self) -> int:
         raise KeyError("broken")
+
+
+def test_the_failure_is_reported_once_to_whoever_counts_it(monkeypatch) -> None:
+    steps = _drafting_steps()
+    reported: list[str] = []
+    steps.controller.when_failed(reported.append)
+    monkeypatch.setattr(steps.controller._controller, "decide", _raise)
+    steps.choose(1, 64)
+    steps.choose(1, 64)
+    assert reported == ["ZeroDivisionError: planted"]
+    late: list[str] = []
+    steps.controller.when_failed(late.append)  # registered after the failure: told at once
+    assert late == ["ZeroDivisionError: planted"]
+
+
+def test_a_failing_report_does_not_reach_the_step(monkeypatch) -> None:
+    steps = _drafting_steps()
+    steps.controller.when_failed(_raise)
+    monkeypatch.setattr(steps.controller._controller, "decide", _raise)
+    assert steps.choose(1, 64) == 0

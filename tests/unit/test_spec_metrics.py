@@ -54,6 +54,11 @@ def test_prometheus_series_follow_the_steps() -> None:
     assert _value("sglang:spec_overlap_ratio", **labels) == pytest.approx(1.6)
     assert _value("sglang:spec_draft_server_restarts_total", **labels) == 1
     assert _value("sglang:spec_batch_size_sum", role="draft", **labels) == 3
+    metrics.controller_failed("ZeroDivisionError: planted")
+    metrics.controller_failed("ZeroDivisionError: planted")  # told again: still one failure
+    assert _value("sglang:spec_controller_failures_total", **labels) == 1
+    metrics.observe_step([0], [0], draft_s=0.0, verify_s=0.01)
+    assert metrics.take_log_suffix().endswith("controller failed")
 
 
 def test_decode_log_line_gets_the_interval_figures() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import code_prompts
+from _bracket import add_bracketed_ratios
 from code_prompts import PROMPT_SETS
 
 from sgl_spec.argv import drop_flags, flag_value, has_flag
@@ -304,6 +305,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "Needs a KV pool cap for the servers to share memory: --max-total-tokens N "
         "(or --mem-fraction-static F on a GPU)",
     )
+    parser.add_argument(
+        "--bracket",
+        action="store_true",
+        help="with --interleave: run the first algorithm also between every two other runs "
+        "of a round and divide each run by the mean of the two around it (x bracketed): the "
+        "host's drift within a round cancels, at about twice the runs",
+    )
     args, extra = parser.parse_known_args(argv)
     for text in args.variant:
         register_variant(text)
@@ -316,6 +324,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             "the memory free at its start: cap it with --max-total-tokens N (CPU) or "
             "--mem-fraction-static F (GPU, shared by all the servers)"
         )
+    if args.bracket and not args.interleave:
+        raise BenchError("--bracket runs the first algorithm between the others: add --interleave")
+    if args.bracket and len(args.algorithms) < 2:
+        raise BenchError("--bracket needs a second algorithm to compare with the first")
     for name in ("num_prompts", "max_concurrency", "output_len", "input_len", "rounds"):
         if getattr(args, name) < 1:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1")
@@ -587,6 +599,7 @@ def assemble(command: str, host: dict, algorithms: list[str], runs: list[dict]) 
                 equal = False  # some round differed from the round compared here
             run["greedy_equal_baseline"] = equal
     add_ratios(runs)
+    add_bracketed_ratios(runs)
     return {"command": command, "host": host, "runs": runs}
 
 
@@ -688,6 +701,9 @@ def format_table(runs: list[dict]) -> str:
     header = ["algorithm", "out tok/s", "e2e ms", "p99 e2e ms", "tpot ms", "accept", "T_D%"]
     header += ["greedy="]
     header += ["x tok/s", "x e2e", "x tpot", "x tok/s paired", "paired min-max"]
+    bracketed = any("output_throughput_bracketed" in run.get("ratios", {}) for run in runs)
+    if bracketed:
+        header += ["x bracketed", "bracketed min-max"]
     rows, errors = [header], []
     for run in runs:
         if "error" in run:
@@ -709,6 +725,11 @@ def format_table(runs: list[dict]) -> str:
                 _fmt_range(ratios.get("output_throughput_paired_range")),
             ]
         )
+        if bracketed:
+            rows[-1] += [
+                _fmt(ratios.get("output_throughput_bracketed"), ".3f"),
+                _fmt_range(ratios.get("output_throughput_bracketed_range")),
+            ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(

@@ -69,6 +69,7 @@ from _bench_lib import (
     round_orders,
     server_flags,
 )
+from _bracket import Brackets, bracketed_order
 from server_process import ServerProcess, pick_port, tail
 
 NUM_GREEDY_PROMPTS = 8
@@ -304,21 +305,29 @@ def drive_round_robin(
     """Every round at one concurrency against the running servers: algorithm -> its runs."""
     args_c = at_concurrency(args, concurrency)
     is_sweep = len(args.concurrencies) > 1
+    reference = args.algorithms[0]
+    bracket = getattr(args, "bracket", False) and reference not in failed
     per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
     for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
-        for name in order:
+        brackets = Brackets(reference)
+        sequence = bracketed_order(order, reference) if bracket else order
+        for name in sequence:
             if name in failed:
                 per_algorithm[name].append({"algorithm": name, "error": failed[name]})
                 continue
+            again = len(per_algorithm[name]) > round_i  # a bracketing run of the reference
             work = log_dir / f"{args.algorithms.index(name)}-{name}"
-            work = (work / f"c{concurrency}" if is_sweep else work) / f"round{round_i}"
+            work = work / f"c{concurrency}" if is_sweep else work
+            work = work / (f"round{round_i}" + (f"-{brackets.count}" if again else ""))
             where = f"concurrency {concurrency}, " if is_sweep else ""
             print(f"[{name}] {where}round {round_i + 1}/{args.rounds}", flush=True)
             if is_peer(name):
                 run = timed(started, measure_hf, name, args_c, extra, work)
             else:
                 run = timed(started, measure, servers[name], name, args_c, extra, work)
-            per_algorithm[name].append(run)
+            brackets.ran(name, run)
+            if not again:
+                per_algorithm[name].append(run)
     return per_algorithm
 
 
@@ -381,6 +390,9 @@ def main(argv: list[str]) -> int:
         print(f"metrics: median over {args.rounds} rounds (order alternates)")
         print("x tok/s paired: median over rounds of run / first run of the same round;")
         print("paired min-max: the lowest and highest of those per-round ratios")
+    if getattr(args, "bracket", False):
+        print(f"x bracketed: median over rounds of run / mean of the {args.algorithms[0]} runs")
+        print("just before and after it (--bracket); its min-max likewise")
     if args.interleave:
         print("servers: all up at once (--interleave), idle ones sleeping")
     for concurrency in args.concurrencies:

@@ -79,7 +79,7 @@ class GuardedController:
             return _FALLBACKS[name]
         try:
             value = getattr(self._controller, name)
-        except AttributeError:
+        except AttributeError:  # no such attribute: callers' getattr(..., default) works
             raise
         except Exception as exc:  # a failing property
             self._failed(exc)
@@ -108,6 +108,8 @@ class GuardedController:
             return None if fallback is None else fallback(*args, **kwargs)
 
     def _failed(self, exc: Exception) -> None:
+        if self.failure is not None:  # logged and counted once
+            return
         if self._owner is not None:
             self._owner._failed(exc)
             return

@@ -97,15 +97,13 @@ class GuardedController:
         delattr(self._controller, name)
 
     def _call(self, name: str, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if self.failure is not None:
-            fallback = _FALLBACKS.get(name)
-            return None if fallback is None else fallback(*args, **kwargs)
-        try:
-            return method(*args, **kwargs)
-        except Exception as exc:
-            self._failed(exc)
-            fallback = _FALLBACKS.get(name)
-            return None if fallback is None else fallback(*args, **kwargs)
+        if self.failure is None:
+            try:
+                return method(*args, **kwargs)
+            except Exception as exc:
+                self._failed(exc)
+        fallback = _FALLBACKS.get(name)
+        return None if fallback is None else fallback(*args, **kwargs)
 
     def _failed(self, exc: Exception) -> None:
         if self.failure is not None:  # logged and counted once

@@ -40,9 +40,10 @@ import _bench_lib
 from server_process import ServerProcess, pick_port
 
 MODEL_FORWARD = re.compile(r"ForCausalLM\.forward |SpecBlockDrafter\.forward ")
-# frames of each algorithm's drafting (SGLang's draft workers for STANDALONE and NGRAM, ours)
+# frames of each algorithm's drafting (SGLang's draft workers for STANDALONE and NGRAM, ours;
+# SPECBLOCK's drafter extend after a verify and its catch-up run in ``DrafterFollowing``)
 DRAFT_FRAMES = re.compile(
-    r"SpecBlockWorker\._draft |SpecBlockWorker\._drafter_extend|"
+    r"SpecBlockWorker\._draft |DrafterFollowing\._follow |DrafterFollowing\._catch_up |"
     r"DraftWorker\.draft|\.draft_forward |_draft_extend|\.forward_draft_extend|"
     r"NGRAMWorker\._prepare_draft|NgramWorker\._prepare_draft|MtpWorker\._draft"
 )

@@ -605,16 +605,21 @@ def test_step_profile_buckets_stacks_by_their_frames() -> None:
             f"{base};SpecBlockWorker.forward_decode (w.py:1);verify_trees (t.py:1);{model} 6",
             f"{base};SpecBlockWorker._draft (w.py:2);SpecBlockDrafter.forward (m.py:3) 3",
             f"{base};SpecBlockWorker._draft (w.py:2);grow_trees (d.py:4) 1",
+            # the drafter's extend after the verify is drafting too, not the target's forward
+            f"{base};SpecBlockWorker.forward_decode (w.py:1);DrafterFollowing._follow (f.py:1);"
+            "DrafterFollowing._drafter_extend (f.py:2);SpecBlockDrafter.forward (m.py:3) 4",
+            f"{base};SpecBlockWorker.forward_decode (w.py:1);DrafterFollowing._follow (f.py:1);"
+            "DrafterKVPool.write (k.py:1) 2",
             f"{base};Scheduler.process_batch_result (scheduler.py:3) 2",
             "garbage line without a count",
         ]
     )
     out = step_profile.summarise(raw)
-    assert out["samples"] == 12
+    assert out["samples"] == 18
     assert out["shares"] == {
-        "target fwd": 0.5, "draft fwd": 0.25, "draft other": 1 / 12, "around": 2 / 12,
+        "target fwd": 6 / 18, "draft fwd": 7 / 18, "draft other": 3 / 18, "around": 2 / 18,
     }  # fmt: skip
-    assert out["around_top"] == [("Scheduler.process_batch_result (scheduler.py:3)", 2 / 12)]
-    assert "| specblock | 12 | 50.0% | 25.0% | 8.3% | 16.7% |" in step_profile.format_table(
+    assert out["around_top"] == [("Scheduler.process_batch_result (scheduler.py:3)", 2 / 18)]
+    assert "| specblock | 18 | 33.3% | 38.9% | 16.7% | 11.1% |" in step_profile.format_table(
         {"specblock": out}
     )

@@ -287,6 +287,10 @@ def _round_proposal(
     rank = None
     if out.rank_logits is not None and settings.use_rank_head:
         rank = out.rank_logits[:, :, :used].flatten(0, 1)
+    if out.proposal is not None:  # the heads' native call ranked the candidates already
+        top = out.proposal
+        buckets = None if rank is None else rank.argmax(-1)
+        return BlockProposal(top.top_tokens[:, :used], top.top_logprobs[:, :used], buckets)
     logits = out.logits[:, :, :used].flatten(0, 1).float()  # a bfloat16 drafter's too
     return propose_from_logits(logits, drafter.d2t, rank, max_width)
 
@@ -344,6 +348,7 @@ def grow_trees(
             positions=pos.to(root_cond.device),
             context_kv=workspace,
             attention_mask=mask,
+            propose=max_width,
         )
         workspace = _keep_round_keys(workspace, out.kv)
         proposal = _round_proposal(out, drafter, settings, used, max_width)

@@ -1,16 +1,21 @@
-"""The drafter's decoder layers served on the CPU in a few native calls.
+"""The drafter's decoder layers and heads served on the CPU in a few native calls.
 
 A SpecBlock drafter is one or two small Llama layers (``model.py`` builds them from
 transformers' ``LlamaDecoderLayer``). On the CPU a served drafter forward of a few rows spends
 most of its time in the ~100 PyTorch ops and module calls of that layer, not in arithmetic
 (``benchmarks/RESULTS.md``). Without autograd, on float32 CPU weights where our native library
-is built, :func:`fast_layer_forward` computes the same layer with the ops the target's served
-forward uses: RMSNorm, RoPE and SiLU-and-mul in one native call each, q/k/v and gate/up as one
-packed linear each (``cpu_packed_linear``), PyTorch's SDPA for the attention. It equals the
-transformers layer to float32 rounding (``tests/unit/test_specblock_serving_speed.py``);
+is built, :func:`fast_layer_forward` computes the same layer natively: where the context is a
+:class:`KVWorkspace` and the head size a multiple of 16, the whole layer is one call
+(``drafter_layer``, ``cpu_kernels/csrc/drafter.cpp``: norms, packed products, RoPE, the keys
+written into the workspace, masked attention, residuals); otherwise the ops the target's served
+forward uses (RMSNorm, RoPE, SiLU-and-mul in one native call each, q/k/v and gate/up as one
+packed linear each, PyTorch's SDPA). A tree round's heads (final norm, LM head, the rank head
+and its distribution summary, the top candidates of each position) are one call too
+(:func:`served_heads`). Both equal the PyTorch path to float32 rounding
+(``tests/unit/test_specblock_serving_speed.py``, ``test_specblock_native_drafter.py``);
 drafts only propose, the target verifies them, so rounding differences never change an output.
 Anything else (training, other devices and dtypes, biases, another activation) keeps the
-transformers layer.
+transformers layer and modules.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels import native
 from sgl_spec.patches import cpu_packed_linear
+from sgl_spec.specblock.tree import BlockProposal
+from sgl_spec.specblock.workspace import KVWorkspace
 
 _NATIVE_OPS = ("rmsnorm", "rope_neox", "silu_and_mul", "packed_linear")
 
@@ -46,15 +53,20 @@ class _Packed:
         self.weight = torch.empty(0)
         self.packed: cpu_packed_linear.PackedWeight | None = None
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+    def current(self) -> cpu_packed_linear.PackedWeight:
+        """The packed weight of the parameters as they are now."""
         key = tuple((w.data_ptr(), w._version) for w in self.sources())
         if key != self.key:
             self.weight = self.build().detach().contiguous()
             self.packed = cpu_packed_linear.PackedWeight(self.weight, self.which)
             self.key = key
-        if not self.packed.takes(rows.shape[0]):
+        return self.packed
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        packed = self.current()
+        if not packed.takes(rows.shape[0]):
             return F.linear(rows, self.weight)
-        return self.packed.linear(rows, self.weight, None)
+        return packed.linear(rows, self.weight, None)
 
 
 def _fused(layers: list[torch.nn.Linear], which: str) -> _Packed:
@@ -100,7 +112,70 @@ def _prepare(layer: torch.nn.Module) -> dict[str, Any] | bool:
     return {
         "qkv": _fused([attn.q_proj, attn.k_proj, attn.v_proj], which),
         "gate_up": _fused([mlp.gate_proj, mlp.up_proj], which),
+        "o": _fused([attn.o_proj], which),
+        "down": _fused([mlp.down_proj], which),
+        # drafter_layer's attention runs whole vectors of 16 over a head of at most 256
+        "one_call": attn.head_dim % 16 == 0 and attn.head_dim <= 256,
     }
+
+
+def _one_call(state: dict[str, Any], cache: Any, rows: int) -> bool:
+    """Whether :func:`native_layer` serves this forward: the native layer is built and takes
+    this head size, the packed weights are the native kernel's and take ``rows``, and the
+    context is a :class:`KVWorkspace` (the layer writes its keys into it)."""
+    packed = state["qkv"].current()
+    return (
+        state["one_call"]
+        and packed.kind == "native"
+        and packed.takes(rows)
+        and isinstance(cache.context, KVWorkspace)
+        and hasattr(native.ops(), "drafter_layer")
+    )
+
+
+def native_layer(
+    layer: torch.nn.Module,
+    hidden: torch.Tensor,  # [bs, n, d]
+    mask: torch.Tensor,  # [bs|1, 1, n, C + n] bool
+    positions: torch.Tensor,  # [bs, n]
+    cos_sin: torch.Tensor,  # [max_pos, head_dim]
+    cache: Any,  # model._BlockCache over a KVWorkspace
+    layer_idx: int,
+) -> torch.Tensor:  # [bs, n, d]
+    """The layer of :func:`fast_layer_forward` in one native call
+    (``cpu_kernels/csrc/drafter.cpp``): the block's keys and values are written into the
+    workspace behind its visible columns, and recorded on ``cache`` as views of it."""
+    state = layer._sgl_spec_fast
+    attn, mlp = layer.self_attn, layer.mlp
+    bs, n, d = hidden.shape
+    workspace = cache.context
+    start = workspace.length
+    workspace.ensure_room(start + n)
+    keys, values = workspace.keys[layer_idx], workspace.values[layer_idx]
+    out = native.ops().drafter_layer(
+        hidden.reshape(bs * n, d),
+        positions.reshape(-1),
+        cos_sin,
+        layer.input_layernorm.weight,
+        layer.input_layernorm.variance_epsilon,
+        state["qkv"].current().packed,
+        attn.q_proj.weight.shape[0],
+        attn.k_proj.weight.shape[0],
+        state["o"].current().packed,
+        layer.post_attention_layernorm.weight,
+        layer.post_attention_layernorm.variance_epsilon,
+        state["gate_up"].current().packed,
+        mlp.gate_proj.weight.shape[0],
+        state["down"].current().packed,
+        keys,
+        values,
+        start,
+        mask,
+        attn.scaling,
+    )
+    block = slice(start, start + n)
+    cache.new[layer_idx] = (keys[:, block].transpose(1, 2), values[:, block].transpose(1, 2))
+    return out.view(bs, n, d)
 
 
 def fast_layer_forward(
@@ -114,9 +189,11 @@ def fast_layer_forward(
 ) -> torch.Tensor:  # [bs, n, d]
     """One ``LlamaDecoderLayer`` forward (pre-norm attention and gated MLP, residuals)."""
     state = layer._sgl_spec_fast
+    bs, n, d = hidden.shape
+    if _one_call(state, cache, bs * n):
+        return native_layer(layer, hidden, mask, positions, cos_sin, cache, layer_idx)
     ops = native.ops()
     attn, mlp = layer.self_attn, layer.mlp
-    bs, n, d = hidden.shape
     hd = attn.head_dim
     rows = hidden.reshape(bs * n, d)
     normed = ops.rmsnorm(rows, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
@@ -220,3 +297,63 @@ def rotary_rows(
     if table is None:
         return model.rotary(x, position_ids)
     return table[0][0][position_ids], table[1][0][position_ids]
+
+
+def served_heads(
+    model: torch.nn.Module,
+    hidden: torch.Tensor,  # [bs, S, K, d] last-layer states
+    fast: bool,  # the CPU serving path ran the layers (serving_on_cpu)
+    propose: int,  # > 0: also the top ``propose`` candidates of each position
+) -> tuple[torch.Tensor, torch.Tensor | None, BlockProposal | None]:
+    """The drafter's final norm, LM head and rank head: logits [bs, S, K, V_d], rank logits
+    [bs, S, K, 4] (None without a rank head), and with ``propose`` a :class:`BlockProposal`
+    of [bs * S, K, W] rows (its buckets left to the caller, from the rank logits). On the CPU serving path with ``propose`` all of it is one native
+    call (``drafter_heads``, ``csrc/drafter.cpp``); elsewhere the modules, and no proposal
+    (``drafting._round_proposal`` computes it from the logits)."""
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    heads = _heads_state(model) if fast and propose > 0 else None
+    if heads is None or not heads["lm"].current().takes(rows.shape[0]):
+        normed = rms_norm(model.norm, hidden, fast)
+        logits = model.lm_head(normed)
+        rank = None if model.rank_head is None else model.rank_head(normed, logits)
+        return logits, rank, None
+    rank_head = model.rank_head
+    first, second = (None, None) if rank_head is None else (rank_head.net[0], rank_head.net[2])
+    logits, rank, top_ids, top_lp = native.ops().drafter_heads(
+        rows,
+        model.norm.weight,
+        model.norm.variance_epsilon,
+        heads["lm"].current().packed,
+        model.lm_head.weight.shape[0],
+        model.d2t,
+        propose,
+        None if first is None else heads["rank"].current().packed,
+        None if first is None else first.bias,
+        0 if first is None else first.weight.shape[0],
+        None if second is None else second.weight,
+        None if second is None else second.bias,
+    )
+    bs, s, k = hidden.shape[:3]
+    rank = None if rank_head is None else rank.view(bs, s, k, -1)
+    proposal = BlockProposal(top_ids.view(bs * s, k, -1), top_lp.view(bs * s, k, -1), None)
+    return logits.view(bs, s, k, -1), rank, proposal
+
+
+def _heads_state(model: torch.nn.Module) -> dict[str, _Packed] | None:
+    """The heads' packed weights for ``drafter_heads``, or None where that call cannot serve
+    them (no native op or kernel, biases or an activation the op does not compute)."""
+    if not hasattr(native.ops(), "drafter_heads") or cpu_packed_linear.kind() != "native":
+        return None
+    state = getattr(model, "_sgl_spec_heads", None)
+    if state is None:
+        state = False
+        rank_head = model.rank_head
+        net = None if rank_head is None else rank_head.net
+        if model.lm_head.bias is None and (
+            net is None or (isinstance(net[1], torch.nn.SiLU) and net[2].out_features == 4)
+        ):
+            state = {"lm": _fused([model.lm_head], "native")}
+            if net is not None:
+                state["rank"] = _fused([net[0]], "native")
+        model._sgl_spec_heads = state
+    return state or None

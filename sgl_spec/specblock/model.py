@@ -34,13 +34,14 @@ from sgl_spec.specblock.fast_layer import (
     fast_layer_forward,
     fast_path_ok,
     fused_prefix,
-    rms_norm,
     rope_table,
     rotary_rows,
+    served_heads,
     serving_on_cpu,
 )
 from sgl_spec.specblock.mask import ContextKV, block_attention_mask
 from sgl_spec.specblock.rank import RankHead
+from sgl_spec.specblock.tree import BlockProposal
 from sgl_spec.specblock.workspace import KVWorkspace
 
 
@@ -52,13 +53,13 @@ class BlockOutput:
     rank_logits: torch.Tensor | None  # [bs, S, K, 4]; None when the rank head is ablated
     hidden: torch.Tensor  # [bs, S, K, d] last-layer states h^(L), cached for later blocks
     kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, [bs, n_kv, S*K, head_dim] each
+    proposal: BlockProposal | None = None  # top ``propose`` tokens per position, when asked
 
 
 class _BlockCache:
-    """Minimal stand-in for transformers' ``Cache``: puts the caller's cached context keys and
-    values ahead of each layer's block keys/values, and records the block's own. A
-    :class:`KVWorkspace` context takes the block's keys behind its visible columns (no copy of
-    the context); a per-layer list is concatenated (training, where autograd needs it)."""
+    """A stand-in for transformers' ``Cache``: the caller's context keys/values ahead of each
+    layer's block's, whose own it records. A :class:`KVWorkspace` takes the block's keys behind
+    its visible columns; a per-layer list is concatenated (training: autograd needs it)."""
 
     def __init__(self, context: ContextKV | KVWorkspace | None, num_layers: int) -> None:
         self.context = context
@@ -247,17 +248,19 @@ class SpecBlockDrafter(nn.Module):
         context_kv: ContextKV | KVWorkspace | None = None,  # per layer ([bs, n_kv, C, hd], same)
         attention_mask: torch.Tensor | None = None,  # [bs|1, S*K, C + S*K] bool
         heads: bool = True,
+        propose: int = 0,
     ) -> BlockOutput:
         """Draft one block of K positions for each of ``S`` starts.
 
         Block slot ``k`` (0-based) of a start at position ``p`` takes rotary position
         ``p + 1 + k``, the position of the token it predicts. ``context_kv`` holds keys/values
         the caller cached (the prefix's block keys, on-path positions of earlier blocks;
-        App. A.2), either per layer or as a :class:`KVWorkspace` whose visible columns are the
-        context (the block's keys are written behind them); ``attention_mask`` defaults to :func:`block_attention_mask` with all context
-        visible. ``heads=False`` skips the lm_head and rank head (``logits`` and
-        ``rank_logits`` None): a pass that only fills the context needs states and keys.
-        """
+        App. A.2), per layer or as a :class:`KVWorkspace` whose visible columns are the context
+        (the block's keys go behind them); ``attention_mask`` defaults to
+        :func:`block_attention_mask`, all context visible. ``heads=False`` skips the lm_head
+        and rank head (``logits``, ``rank_logits`` None): a pass that only fills the context.
+        ``propose`` > 0: each position's top ``propose`` candidates too, where the CPU serving
+        path computes them with the heads (``fast_layer.served_heads``)."""
         bs, num_starts = input_ids.shape
         k, d = self.config.block_size, self.config.hidden_size
         hidden = self.fuse_inputs(cond, input_ids, from_draft)  # [bs, S, K, d]
@@ -278,10 +281,8 @@ class SpecBlockDrafter(nn.Module):
         hidden = flat.view(bs, num_starts, k, d)
         if not heads:
             return BlockOutput(None, None, hidden, cache.new)
-        normed = rms_norm(self.norm, hidden, fast)
-        logits = self.lm_head(normed)
-        rank_logits = None if self.rank_head is None else self.rank_head(normed, logits)
-        return BlockOutput(logits, rank_logits, hidden, cache.new)
+        logits, rank_logits, proposal = served_heads(self, hidden, fast, propose)
+        return BlockOutput(logits, rank_logits, hidden, cache.new, proposal)
 
     def _run_layers(
         self,

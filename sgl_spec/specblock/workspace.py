@@ -93,7 +93,7 @@ class KVWorkspace:
         n = key.shape[2]
         if key.shape[0] != self.batch_size:
             raise ValueError(f"batch {key.shape[0]} != the workspace's {self.batch_size}")
-        self._ensure_room(self.length + n)
+        self.ensure_room(self.length + n)
         start, end = self.length, self.length + n
         self.keys[layer][:, start:end].copy_(key.transpose(1, 2))
         self.values[layer][:, start:end].copy_(value.transpose(1, 2))
@@ -101,7 +101,8 @@ class KVWorkspace:
             1, 2
         )
 
-    def _ensure_room(self, columns: int) -> None:
+    def ensure_room(self, columns: int) -> None:
+        """Grow the buffers (keeping the visible columns) to hold at least ``columns``."""
         if columns <= self.capacity:
             return
         grown = max(columns, 2 * self.capacity)

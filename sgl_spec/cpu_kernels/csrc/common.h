@@ -33,7 +33,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // exp(x) in plain float arithmetic the compiler vectorises (with -fno-trapping-math): x
 // clamped to [-87, 88], a Cody-Waite reduction by ln 2 and Cephes' degree-6 polynomial;
 // within a few ulp of expf where the result is a normal float.
-inline float exp_clamped(float x) {
+__attribute__((always_inline)) inline float exp_clamped(float x) {
   x = std::min(std::max(x, -87.0f), 88.0f);
   // round(x / ln 2): the shifted value is positive, so truncation is floor
   const int32_t k = static_cast<int32_t>(x * 1.44269504088896341f + 128.5f) - 128;

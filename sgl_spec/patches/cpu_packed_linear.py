@@ -171,13 +171,22 @@ def packed_linear(
     if bias is not None and bias.dtype != torch.float32:
         return None
     # a traced graph cannot read a data pointer, and holds its weights as constants anyway
-    if not compiling and state.key != _weight_key(weight):  # changed in place since packed
-        state = PackedWeight(weight, state.kind)
-        layer._sgl_spec_packed = state
+    if not compiling:
+        state = current(layer)
     rows = x.reshape(-1, x.shape[-1])
     if not rows.is_contiguous():
         rows = rows.contiguous()
     return state.linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def current(layer: torch.nn.Module) -> PackedWeight:
+    """The packed weight of a packed ``layer`` (:func:`pack`), packed again first if the
+    weight changed since (in place: a weight update)."""
+    state: PackedWeight = layer._sgl_spec_packed
+    if state.key != _weight_key(layer.weight):
+        state = PackedWeight(layer.weight, state.kind)
+        layer._sgl_spec_packed = state
+    return state
 
 
 def linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

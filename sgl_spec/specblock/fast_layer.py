@@ -9,10 +9,10 @@ is built, :func:`fast_layer_forward` computes the same layer natively: where the
 (``drafter_layer``, ``cpu_kernels/csrc/drafter.cpp``: norms, packed products, RoPE, the keys
 written into the workspace, masked attention, residuals); otherwise the ops the target's served
 forward uses (RMSNorm, RoPE, SiLU-and-mul in one native call each, q/k/v and gate/up as one
-packed linear each, PyTorch's SDPA). A tree round's heads (final norm, LM head, the rank head
-and its distribution summary, the top candidates of each position) are one call too
-(:func:`served_heads`). Both equal the PyTorch path to float32 rounding
-(``tests/unit/test_specblock_serving_speed.py``, ``test_specblock_native_drafter.py``);
+packed linear each, PyTorch's SDPA). The first layer's input, Eqs. (1)-(2), is one call too
+(:func:`fused_inputs`), and so are a tree round's heads (``fast_heads.py``). All equal the
+PyTorch path to float32 rounding (``tests/unit/test_specblock_serving_speed.py``,
+``test_specblock_native_drafter.py``);
 drafts only propose, the target verifies them, so rounding differences never change an output.
 Anything else (training, other devices and dtypes, biases, another activation) keeps the
 transformers layer and modules.
@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 from sgl_spec.cpu_kernels import native
 from sgl_spec.patches import cpu_packed_linear
-from sgl_spec.specblock.tree import BlockProposal
 from sgl_spec.specblock.workspace import KVWorkspace
 
 _NATIVE_OPS = ("rmsnorm", "rope_neox", "silu_and_mul", "packed_linear")
@@ -244,6 +243,82 @@ def fused_prefix(
 ) -> torch.Tensor:
     """``W_fuse[norm(c), norm(embed(x)), .]`` without the query term, as one packed product
     over the condition and token column blocks (the training path sums two products)."""
+    packed = _prefix_packed(model)
+    rows = torch.cat(
+        [rms_norm(model.cond_norm, context, True), rms_norm(model.token_norm, token, True)], dim=-1
+    )
+    return packed(rows.reshape(-1, rows.shape[-1])).view(*rows.shape[:-1], -1)
+
+
+def with_queries(
+    prefix: torch.Tensor,  # [bs, S, d]
+    query: torch.Tensor,  # [K, d] the position queries' term
+    broadcast: bool,  # prefix broadcast: every position gets the prefix (else position 1)
+) -> torch.Tensor:  # [bs, S, K, d]
+    """Eq. (2)'s sum of the prefix term and each position's query term."""
+    prefix = prefix.unsqueeze(2)
+    if not broadcast:  # the Table 2 ablation
+        first = torch.zeros(query.shape[0], 1, dtype=prefix.dtype, device=prefix.device)
+        first[0] = 1
+        prefix = prefix * first
+    return prefix + query
+
+
+def fused_inputs(
+    model: torch.nn.Module,
+    cond: torch.Tensor,  # [bs, S, 3*d_target] target features, or [bs, S, d] drafter state
+    input_ids: torch.Tensor,  # [bs, S]
+    from_draft: bool,
+    query: torch.Tensor,  # [K, d]
+) -> torch.Tensor:  # [bs, S, K, d]
+    """The drafter's first-layer input on the CPU serving path: with prefix broadcast and the
+    native op, the condition projection (target features only), both norms, the embedding
+    rows, the packed ``W_fuse`` product and the query terms in one call (``drafter_fuse``,
+    ``csrc/drafter.cpp``); otherwise the same from the modules and :func:`fused_prefix`."""
+    bs, s = input_ids.shape
+    rows = bs * s
+    if _fuse_call(model, rows, from_draft):
+        prefix, ops = _prefix_packed(model), native.ops()
+        out = ops.drafter_fuse(
+            cond.reshape(rows, -1).contiguous(),
+            input_ids.reshape(-1),
+            model.embed_tokens.weight,
+            None if from_draft else cpu_packed_linear.current(model.cond_proj).packed,
+            model.config.hidden_size,
+            model.cond_norm.weight,
+            model.cond_norm.variance_epsilon,
+            model.token_norm.weight,
+            model.token_norm.variance_epsilon,
+            prefix.current().packed,
+            query,
+        )
+        return out.view(bs, s, *query.shape)
+    context = cond if from_draft else model.cond_proj(cond)
+    token = model.embed_tokens(input_ids).to(context.dtype)
+    return with_queries(fused_prefix(model, context, token), query, model.config.prefix_broadcast)
+
+
+def _fuse_call(model: torch.nn.Module, rows: int, from_draft: bool) -> bool:
+    """Whether ``drafter_fuse`` serves :func:`fused_inputs`: prefix broadcast, the native op
+    built, and the packed weights it reads the native kernel's and taking ``rows``."""
+    prefix = _prefix_packed(model)
+    cond_proj = None if from_draft else getattr(model.cond_proj, "_sgl_spec_packed", None)
+    if from_draft:
+        projection_ok = True
+    else:
+        projection_ok = cond_proj is not None and cond_proj.kind == "native"
+        projection_ok = projection_ok and cond_proj.takes(rows)
+    return (
+        model.config.prefix_broadcast
+        and hasattr(native.ops(), "drafter_fuse")
+        and prefix.which == "native"
+        and prefix.current().takes(rows)
+        and projection_ok
+    )
+
+
+def _prefix_packed(model: torch.nn.Module) -> _Packed:
+    """``W_fuse``'s condition and token column blocks, packed once for the current kernel."""
     d = model.config.hidden_size
     packed = getattr(model, "_sgl_spec_prefix", None)
     if packed is None or packed.which != cpu_packed_linear.kind():
@@ -253,10 +328,7 @@ def fused_prefix(
             cpu_packed_linear.kind(),
         )
         model._sgl_spec_prefix = packed
-    rows = torch.cat(
-        [rms_norm(model.cond_norm, context, True), rms_norm(model.token_norm, token, True)], dim=-1
-    )
-    return packed(rows.reshape(-1, rows.shape[-1])).view(*rows.shape[:-1], -1)
+    return packed
 
 
 def rope_table(
@@ -297,63 +369,3 @@ def rotary_rows(
     if table is None:
         return model.rotary(x, position_ids)
     return table[0][0][position_ids], table[1][0][position_ids]
-
-
-def served_heads(
-    model: torch.nn.Module,
-    hidden: torch.Tensor,  # [bs, S, K, d] last-layer states
-    fast: bool,  # the CPU serving path ran the layers (serving_on_cpu)
-    propose: int,  # > 0: also the top ``propose`` candidates of each position
-) -> tuple[torch.Tensor, torch.Tensor | None, BlockProposal | None]:
-    """The drafter's final norm, LM head and rank head: logits [bs, S, K, V_d], rank logits
-    [bs, S, K, 4] (None without a rank head), and with ``propose`` a :class:`BlockProposal`
-    of [bs * S, K, W] rows (its buckets left to the caller, from the rank logits). On the CPU serving path with ``propose`` all of it is one native
-    call (``drafter_heads``, ``csrc/drafter.cpp``); elsewhere the modules, and no proposal
-    (``drafting._round_proposal`` computes it from the logits)."""
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    heads = _heads_state(model) if fast and propose > 0 else None
-    if heads is None or not heads["lm"].current().takes(rows.shape[0]):
-        normed = rms_norm(model.norm, hidden, fast)
-        logits = model.lm_head(normed)
-        rank = None if model.rank_head is None else model.rank_head(normed, logits)
-        return logits, rank, None
-    rank_head = model.rank_head
-    first, second = (None, None) if rank_head is None else (rank_head.net[0], rank_head.net[2])
-    logits, rank, top_ids, top_lp = native.ops().drafter_heads(
-        rows,
-        model.norm.weight,
-        model.norm.variance_epsilon,
-        heads["lm"].current().packed,
-        model.lm_head.weight.shape[0],
-        model.d2t,
-        propose,
-        None if first is None else heads["rank"].current().packed,
-        None if first is None else first.bias,
-        0 if first is None else first.weight.shape[0],
-        None if second is None else second.weight,
-        None if second is None else second.bias,
-    )
-    bs, s, k = hidden.shape[:3]
-    rank = None if rank_head is None else rank.view(bs, s, k, -1)
-    proposal = BlockProposal(top_ids.view(bs * s, k, -1), top_lp.view(bs * s, k, -1), None)
-    return logits.view(bs, s, k, -1), rank, proposal
-
-
-def _heads_state(model: torch.nn.Module) -> dict[str, _Packed] | None:
-    """The heads' packed weights for ``drafter_heads``, or None where that call cannot serve
-    them (no native op or kernel, biases or an activation the op does not compute)."""
-    if not hasattr(native.ops(), "drafter_heads") or cpu_packed_linear.kind() != "native":
-        return None
-    state = getattr(model, "_sgl_spec_heads", None)
-    if state is None:
-        state = False
-        rank_head = model.rank_head
-        net = None if rank_head is None else rank_head.net
-        if model.lm_head.bias is None and (
-            net is None or (isinstance(net[1], torch.nn.SiLU) and net[2].out_features == 4)
-        ):
-            state = {"lm": _fused([model.lm_head], "native")}
-            if net is not None:
-                state["rank"] = _fused([net[0]], "native")
-        model._sgl_spec_heads = state
-    return state or None

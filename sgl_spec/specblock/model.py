@@ -30,14 +30,15 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from sgl_spec.specblock.config import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, SpecBlockConfig
+from sgl_spec.specblock.fast_heads import served_heads
 from sgl_spec.specblock.fast_layer import (
     fast_layer_forward,
     fast_path_ok,
-    fused_prefix,
+    fused_inputs,
     rope_table,
     rotary_rows,
-    served_heads,
     serving_on_cpu,
+    with_queries,
 )
 from sgl_spec.specblock.mask import ContextKV, block_attention_mask
 from sgl_spec.specblock.rank import RankHead
@@ -161,21 +162,15 @@ class SpecBlockDrafter(nn.Module):
             raise ValueError(
                 f"condition width {cond.shape[-1]} != {width} (from_draft={from_draft})"
             )
+        w_cond, w_token, query = self._fuse_parts(cond.dtype)
+        if serving_on_cpu(self, cond):  # the CPU serving path (one native call where built)
+            return fused_inputs(self, cond, input_ids, from_draft, query)
         context = cond if from_draft else self.cond_proj(cond)
         token = self.embed_tokens(input_ids).to(context.dtype)
-        w_cond, w_token, query = self._fuse_parts(context.dtype)
-        if serving_on_cpu(self, context):  # one packed product over both column blocks
-            prefix = fused_prefix(self, context, token)
-        else:
-            prefix = F.linear(self.cond_norm(context), w_cond) + F.linear(
-                self.token_norm(token), w_token
-            )  # [bs, S, d]
-        prefix = prefix.unsqueeze(2)  # [bs, S, 1, d]
-        if not self.config.prefix_broadcast:
-            first = torch.zeros(self.config.block_size, 1, dtype=prefix.dtype, device=prefix.device)
-            first[0] = 1
-            prefix = prefix * first
-        return prefix + query
+        prefix = F.linear(self.cond_norm(context), w_cond) + F.linear(
+            self.token_norm(token), w_token
+        )  # [bs, S, d]
+        return with_queries(prefix, query, self.config.prefix_broadcast)
 
     def _fuse_parts(
         self, dtype: torch.dtype
@@ -260,7 +255,7 @@ class SpecBlockDrafter(nn.Module):
         :func:`block_attention_mask`, all context visible. ``heads=False`` skips the lm_head
         and rank head (``logits``, ``rank_logits`` None): a pass that only fills the context.
         ``propose`` > 0: each position's top ``propose`` candidates too, where the CPU serving
-        path computes them with the heads (``fast_layer.served_heads``)."""
+        path computes them with the heads (``fast_heads.served_heads``)."""
         bs, num_starts = input_ids.shape
         k, d = self.config.block_size, self.config.hidden_size
         hidden = self.fuse_inputs(cond, input_ids, from_draft)  # [bs, S, K, d]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sgl_spec.patches import cpu_packed_linear
-from sgl_spec.specblock import fast_layer
+from sgl_spec.specblock import fast_heads, fast_layer
 from sgl_spec.specblock.drafting import DraftSettings, PrefixContext, grow_trees
 from sgl_spec.specblock.tree import propose_from_logits
 from sgl_spec.specblock.workspace import KVWorkspace
@@ -45,24 +45,30 @@ def _workspace(model, bs: int, columns: int, seed: int) -> KVWorkspace:
     return ws
 
 
-def _forward(model, ws: KVWorkspace, mask: torch.Tensor, native: bool, monkeypatch):
-    """One tree-round forward (from the drafter's own states) with or without the native
-    calls; the workspace keeps its visible length, the keys the forward wrote are returned."""
+def _pytorch_path(patch) -> None:
+    patch.setattr(fast_layer, "_one_call", lambda *a: False)
+    patch.setattr(fast_layer, "_fuse_call", lambda *a: False)
+    patch.setattr(fast_heads, "_heads_state", lambda *a: None)
+
+
+def _forward(model, ws, mask, native: bool, monkeypatch, from_draft: bool = True):
+    """One forward (a tree round's from the drafter's own states, or an extend's from target
+    features) with or without the native calls; the workspace keeps its visible length, the
+    keys the forward wrote are returned."""
     gen = torch.Generator().manual_seed(7)
     bs, starts = ws.batch_size, 2
-    cond = torch.randn(bs, starts, D, generator=gen)
+    cond = torch.randn(bs, starts, D if from_draft else 3 * D, generator=gen)
     ids = torch.randint(0, model.config.target_vocab_size, (bs, starts), generator=gen)
     positions = torch.tensor([[40, 41], [3, 900]])[:bs]
     with monkeypatch.context() as patch:
         if not native:
-            patch.setattr(fast_layer, "_one_call", lambda *a: False)
-            patch.setattr(fast_layer, "_heads_state", lambda *a: None)
+            _pytorch_path(patch)
         length = ws.length
         with torch.no_grad():
             out = model(
                 cond,
                 ids,
-                from_draft=True,
+                from_draft=from_draft,
                 positions=positions,
                 context_kv=ws,
                 attention_mask=mask,
@@ -72,20 +78,30 @@ def _forward(model, ws: KVWorkspace, mask: torch.Tensor, native: bool, monkeypat
     return out, [(k.clone(), v.clone()) for k, v in out.kv]
 
 
-@pytest.mark.parametrize("bs, shared_mask", [(2, False), (1, True), (2, True)])
-def test_native_layer_and_heads_equal_the_pytorch_path(native_kernel, monkeypatch, bs, shared_mask):
+@pytest.mark.parametrize(
+    "bs, shared_mask, from_draft", [(2, False, True), (1, True, True), (2, True, False)]
+)
+def test_native_layer_and_heads_equal_the_pytorch_path(
+    native_kernel, monkeypatch, bs, shared_mask, from_draft
+):
+    """The layers, the first layer's input (a tree round's and an extend's, through the
+    condition projection) and the heads."""
     model = _drafter()
     columns = 37  # the workspace grows behind them: 4 columns of room, 2 * K needed
     ws = _workspace(model, bs, columns, seed=1)
-    calls = []
+    calls, fused = [], []
     real = fast_layer.native_layer
     monkeypatch.setattr(fast_layer, "native_layer", lambda *a: calls.append(1) or real(*a))
+    real_fuse = fast_layer._fuse_call
+    monkeypatch.setattr(
+        fast_layer, "_fuse_call", lambda *a: fused.append(real_fuse(*a)) or fused[-1]
+    )
     gen = torch.Generator().manual_seed(2)
     mask = torch.rand(1 if shared_mask else bs, 2 * K, columns + 2 * K, generator=gen) < 0.6
     mask[..., columns:] = torch.tril(torch.ones(2 * K, 2 * K, dtype=torch.bool))
-    fast, fast_kv = _forward(model, ws, mask, True, monkeypatch)
-    assert len(calls) == len(model.layers) and fast.proposal is not None
-    slow, slow_kv = _forward(model, ws, mask, False, monkeypatch)
+    fast, fast_kv = _forward(model, ws, mask, True, monkeypatch, from_draft)
+    assert len(calls) == len(model.layers) and fast.proposal is not None and fused == [True]
+    slow, slow_kv = _forward(model, ws, mask, False, monkeypatch, from_draft)
     assert slow.proposal is None
     torch.testing.assert_close(fast.hidden, slow.hidden, **TOL)
     torch.testing.assert_close(fast.logits, slow.logits, **TOL)
@@ -124,8 +140,7 @@ def test_trees_grown_natively_are_the_pytorch_trees(native_kernel, monkeypatch) 
         prefix = PrefixContext(ws, torch.ones(2, 20, dtype=torch.bool))
         with monkeypatch.context() as patch:
             if not native:
-                patch.setattr(fast_layer, "_one_call", lambda *a: False)
-                patch.setattr(fast_layer, "_heads_state", lambda *a: None)
+                _pytorch_path(patch)
             root = torch.randn(2, D, generator=torch.Generator().manual_seed(6))
             result = grow_trees(model, prefix, root, [3, 9], torch.tensor([20, 20]), settings)
         trees.append([(t.tokens, t.parents) for t in result.trees])

@@ -1,11 +1,14 @@
-// Helpers shared by the native CPU kernels' sources (ops.cpp, linear.cpp).
+// Helpers shared by the native CPU kernels' sources (ops.cpp, linear.cpp, drafter*.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 
 namespace sgl_spec_kernels {
 
@@ -72,6 +75,25 @@ inline void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tenso
     for (int64_t h = 0; h < heads; ++h)
       std::copy_n(sp + t * src.stride(0) + h * src.stride(1), dim,
                   cp + row * cache.stride(0) + h * cache.stride(1));
+  }
+}
+
+// y = x Wᵀ through sgl_spec_native::packed_linear (linear.cpp), W packed by
+// pack_linear_weight: for kernels of one source that call another's.
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("sgl_spec_native::packed_linear", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
+                                         const std::optional<at::Tensor>&)>();
+  return op.call(x, packed, out, std::nullopt);
+}
+
+// RMSNorm of ``rows`` rows of n floats, as ops.cpp's rmsnorm computes each row.
+inline void rms_rows(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    const float inv = 1.f / std::sqrt(dot(xr, xr, n) / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[r * n + i] = (xr[i] * inv) * w[i];
   }
 }
 

@@ -95,11 +95,13 @@ def drive(args: argparse.Namespace, servers: dict[str, ServerProcess]) -> dict[s
     return results
 
 
-def summarise(results: dict[str, list[dict]]) -> dict[str, dict]:
-    """Per algorithm: tokens a second over all its requests, the paired ratio to the first
-    algorithm, the mean accept length, and how many outputs differ from the first's."""
+def summarise(results: dict[str, list[dict]], base: str | None = None) -> dict[str, dict]:
+    """Per algorithm: tokens a second over all its requests, the paired ratio to ``base``
+    (default the first algorithm), the mean accept length, and how many outputs differ from
+    the first algorithm's."""
     names = list(results)
     reference = results[names[0]]
+    timing = results[base or names[0]]
     rows = {}
     for name in names:
         runs = results[name]
@@ -107,7 +109,7 @@ def summarise(results: dict[str, list[dict]]) -> dict[str, dict]:
         accepts = [r["accept_length"] for r in runs if r["accept_length"] is not None]
         rows[name] = {
             "tok_per_s": tokens / sum(r["seconds"] for r in runs),
-            **paired_ratio([r["seconds"] for r in reference], [r["seconds"] for r in runs]),
+            **paired_ratio([r["seconds"] for r in timing], [r["seconds"] for r in runs]),
             "accept_length": sum(accepts) / len(accepts) if accepts else None,
             "outputs_differing": sum(
                 a["output_ids"] != b["output_ids"] for a, b in zip(reference, runs, strict=True)
@@ -116,9 +118,9 @@ def summarise(results: dict[str, list[dict]]) -> dict[str, dict]:
     return rows
 
 
-def format_rows(rows: dict[str, dict]) -> str:
-    reference = next(iter(rows))
-    lines = [f"{'algorithm':18s} {'tok/s':>8s} {'accept':>7s}  x {reference} (95% CI)  differ"]
+def format_rows(rows: dict[str, dict], base: str | None = None) -> str:
+    base = base or next(iter(rows))
+    lines = [f"{'algorithm':18s} {'tok/s':>8s} {'accept':>7s}  x {base} (95% CI)  differ"]
     for name, r in rows.items():
         accept = "-" if r["accept_length"] is None else f"{r['accept_length']:.2f}"
         low, high = r["ci95"]
@@ -130,9 +132,14 @@ def format_rows(rows: dict[str, dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    own = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    own.add_argument("--reference", default=None, help="the ratios' base (default: the first)")
+    ours, argv = own.parse_known_args(argv)
     if "--concurrency" not in argv and "--max-concurrency" not in argv:
         argv = [*argv, "--max-concurrency", "1"]
     args, extra = parse_args(argv)
+    if ours.reference is not None and ours.reference not in args.algorithms:
+        raise SystemExit(f"--reference {ours.reference} is not one of --algorithms")
     if any(c != 1 for c in args.concurrencies):
         raise SystemExit("bench_alternate.py drives one request at a time (--concurrency 1)")
     log_dir = Path(args.log_dir or "/tmp/sgl_spec_bench_alternate")
@@ -147,8 +154,8 @@ def main(argv: list[str]) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    rows = summarise(results)
-    print(format_rows(rows))
+    rows = summarise(results, ours.reference)
+    print(format_rows(rows, ours.reference))
     if args.json:
         out = {"command": [sys.executable, *sys.argv], "host": host_info(), "rows": rows}
         out["requests"] = {

@@ -62,8 +62,15 @@ def test_drive_alternates_and_summarise_pairs_the_same_prompts(monkeypatch) -> N
         1 for i, c in enumerate(calls, 1) if c[0] == "http://fast" and i % 4 == 0
     )
     assert "fast" in alt.format_rows(rows)
+    against_fast = alt.summarise(results, "fast")
+    assert against_fast["none"]["ratio"] == pytest.approx(0.5)
+    assert against_fast["fast"]["ratio"] == pytest.approx(1.0)
+    assert against_fast["fast"]["outputs_differing"] == rows["fast"]["outputs_differing"]
+    assert "x fast" in alt.format_rows(against_fast, "fast")
 
 
-def test_it_refuses_more_than_one_request_at_a_time() -> None:
+def test_it_refuses_more_than_one_request_at_a_time_and_an_unknown_reference() -> None:
     with pytest.raises(SystemExit):
         alt.main(["--algorithms", "none", "--concurrency", "4"])
+    with pytest.raises(SystemExit, match="--reference"):
+        alt.main(["--algorithms", "none,specblock", "--reference", "standalone"])

@@ -26,12 +26,14 @@ def served_heads(
 ) -> tuple[torch.Tensor, torch.Tensor | None, BlockProposal | None]:
     """The drafter's final norm, LM head and rank head: logits [bs, S, K, V_d], rank logits
     [bs, S, K, 4] (None without a rank head), and with ``propose`` a :class:`BlockProposal`
-    of [bs * S, K, W] rows (its buckets left to the caller, from the rank logits). On the CPU serving path with ``propose`` all of it is one native
-    call (``drafter_heads``, ``csrc/drafter.cpp``); elsewhere the modules, and no proposal
+    of [bs * S, K, W] rows (its buckets left to the caller, from the rank logits). On the CPU
+    serving path with ``propose`` all of it is one native call (``drafter_heads``,
+    ``csrc/drafter_heads.cpp``); elsewhere the modules, and no proposal
     (``drafting._round_proposal`` computes it from the logits)."""
     rows = hidden.reshape(-1, hidden.shape[-1])
     heads = _heads_state(model) if fast and propose > 0 else None
-    if heads is None or not heads["lm"].current().takes(rows.shape[0]):
+    lm = None if heads is None else heads["lm"].current()
+    if lm is None or not lm.takes(rows.shape[0]):
         normed = rms_norm(model.norm, hidden, fast)
         logits = model.lm_head(normed)
         rank = None if model.rank_head is None else model.rank_head(normed, logits)
@@ -42,7 +44,7 @@ def served_heads(
         rows,
         model.norm.weight,
         model.norm.variance_epsilon,
-        heads["lm"].current().packed,
+        lm.packed,
         model.lm_head.weight.shape[0],
         model.d2t,
         propose,

@@ -88,12 +88,26 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   return op.call(x, packed, out, std::nullopt);
 }
 
-// RMSNorm of ``rows`` rows of n floats, as ops.cpp's rmsnorm computes each row.
+// RMSNorm of one row of n floats: out[i] = (x[i] / rms(x)) * w[i] (out may be x).
+inline void rms_row(const float* x, const float* w, float* out, int64_t n, float eps) {
+  const float inv = 1.f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv) * w[i];
+}
+
+// rms_row over ``rows`` contiguous rows.
 inline void rms_rows(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    const float inv = 1.f / std::sqrt(dot(xr, xr, n) / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) out[r * n + i] = (xr[i] * inv) * w[i];
+  for (int64_t r = 0; r < rows; ++r) rms_row(x + r * n, w, out + r * n, n, eps);
+}
+
+// neox RoPE of one head of 2 * half floats at ``a`` into ``o`` (o may be a); ``cos`` holds
+// half cosines followed by half sines.
+inline void rope_head(const float* a, float* o, int64_t half, const float* cos) {
+  const float* sin = cos + half;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = a[i];
+    const float x2 = a[i + half];
+    o[i] = x1 * cos[i] + x2 * (-sin[i]);
+    o[i + half] = x2 * cos[i] + x1 * sin[i];
   }
 }
 

@@ -32,20 +32,7 @@ using sgl_spec_kernels::check_f32;
 using sgl_spec_kernels::exp_clamped;
 using sgl_spec_kernels::linear;
 using sgl_spec_kernels::rms_rows;
-
-// neox RoPE in place on ``heads`` heads of ``hd`` floats starting at ``x``.
-void rope_heads(float* x, int64_t heads, int64_t hd, const float* cos) {
-  const int64_t half = hd / 2;
-  const float* sin = cos + half;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* a = x + h * hd;
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = a[i], x2 = a[i + half];
-      a[i] = x1 * cos[i] + x2 * (-sin[i]);
-      a[i + half] = x2 * cos[i] + x1 * sin[i];
-    }
-  }
-}
+using sgl_spec_kernels::rope_head;
 
 struct Workspace {
   float* k;
@@ -175,7 +162,8 @@ at::Tensor drafter_layer(const at::Tensor& hidden, const at::Tensor& positions,
   for (int64_t r = 0; r < rows; ++r) {  // RoPE, then the row's key and value into the workspace
     float* row = qp + r * width;
     const float* cos = table + pp[r] * cos_sin.stride(0);
-    rope_heads(row, heads + n_kv, hd, cos);  // q heads, then k heads: adjacent in the row
+    for (int64_t h = 0; h < heads + n_kv; ++h)  // q heads, then k heads: adjacent in the row
+      rope_head(row + h * hd, row + h * hd, hd / 2, cos);
     const int64_t b = r / n, col = length + r % n;
     for (int64_t g = 0; g < n_kv; ++g) {
       std::copy_n(row + q_width + g * hd, hd, ws.k + b * ws.s0 + col * ws.s1 + g * ws.s2);

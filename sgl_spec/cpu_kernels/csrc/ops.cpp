@@ -29,18 +29,12 @@
 namespace {
 
 using sgl_spec_kernels::check_f32;
-using sgl_spec_kernels::dot;
 using sgl_spec_kernels::exp_clamped;
+using sgl_spec_kernels::rms_row;
+using sgl_spec_kernels::rope_head;
 using sgl_spec_kernels::write_rows;
 
-inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
-
 // ---- RMSNorm ---------------------------------------------------------------------------
-
-inline void rms_row(const float* x, const float* w, float* out, int64_t n, float eps) {
-  const float inv = 1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * inv) * w[i];
-}
 
 at::Tensor rmsnorm(const at::Tensor& input, const at::Tensor& weight, double eps) {
   check_f32(input, "input");
@@ -119,17 +113,8 @@ at::Tensor rope_one(const at::Tensor& x, const int64_t* pos, const float* cache,
   at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const float* cos = cache + pos[t] * cache_stride;
-      const float* sin = cos + half;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* a = xp + t * row_stride + h * head_size;
-        float* o = op + t * width + h * head_size;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x1 = a[i];
-          const float x2 = a[i + half];
-          o[i] = x1 * cos[i] + x2 * (-sin[i]);
-          o[i + half] = x2 * cos[i] + x1 * sin[i];
-        }
-      }
+      for (int64_t h = 0; h < heads; ++h)
+        rope_head(xp + t * row_stride + h * head_size, op + t * width + h * head_size, half, cos);
     }
   });
   return out;

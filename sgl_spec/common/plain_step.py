@@ -109,6 +109,7 @@ class PlainStep:
     logits_output: Any  # the forward's LogitsProcessorOutput (hidden states taken out)
     hidden: torch.Tensor | None  # [bs, ...] the bonus tokens' hidden states, if captured
     can_run_cuda_graph: bool
+    locs: torch.Tensor  # [bs] the target KV slot each bonus token was written to (int64)
 
 
 def plain_step(
@@ -121,9 +122,9 @@ def plain_step(
     bonus = bonus.to(torch.int64)
     seq_lens = batch.seq_lens.to(torch.int64)  # the bonus token's position and KV slot
     req_to_token = worker.model_runner.req_to_token_pool.req_to_token
-    out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64), seq_lens]
+    out_cache_loc = req_to_token[batch.req_pool_indices.to(torch.int64), seq_lens].long()
     forward_batch = forward_batch_of(
-        worker, batch, ForwardMode.DECODE, bonus, seq_lens, out_cache_loc.long(), None, 1,
+        worker, batch, ForwardMode.DECODE, bonus, seq_lens, out_cache_loc, None, 1,
         new_lens=True, capture_hidden=capture_hidden,
     )  # fmt: skip
     out = worker._target_worker.forward_batch_generation(
@@ -141,7 +142,7 @@ def plain_step(
     if batch.return_logprob:
         compute_spec_logprobs(batch, logits_output, tokens, chain_stride=1)
     tokens.tolist()  # host sync: the step's work is done before it is timed
-    return PlainStep(tokens, logits_output, hidden, bool(out.can_run_cuda_graph))
+    return PlainStep(tokens, logits_output, hidden, bool(out.can_run_cuda_graph), out_cache_loc)
 
 
 def plain_result(batch: Any, step: PlainStep, next_draft_input: Any) -> GenerationBatchResult:

@@ -34,6 +34,7 @@ class DrafterFollowing:
     feature_index: torch.Tensor
     _pool: DrafterKVPool | None
     _rows: TargetRows | None  # None: every committed token is read at once (no plain steps)
+    _features_in_order: bool | None = None  # feature_index is 0..F-1 (known on first use)
 
     @property
     def pool(self) -> DrafterKVPool:
@@ -65,6 +66,12 @@ class DrafterFollowing:
         return self._rows
 
     def _features(self, hidden_states: torch.Tensor) -> torch.Tensor:  # [n, 3*d_target]
+        if self._features_in_order is None:  # each layer captured once, in order: no select
+            index = self.feature_index
+            in_order = torch.arange(hidden_states.shape[-1], device=index.device)
+            self._features_in_order = torch.equal(index, in_order)
+        if self._features_in_order:
+            return hidden_states.to(self.drafter_dtype)
         return hidden_states.index_select(-1, self.feature_index).to(self.drafter_dtype)
 
     def _no_pending(self, bs: int) -> dict:

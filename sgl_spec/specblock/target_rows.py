@@ -54,9 +54,9 @@ class TargetRows:
         """The tokens whose target KV was just written at ``locs``; the drafter has not read
         them (a location SGLang reused holds a new token)."""
         locs = locs.reshape(-1).to(torch.long)
-        self.features[locs] = features.to(self.features.dtype)
-        self.tokens[locs] = tokens.reshape(-1).to(torch.int64)
-        self.read[locs] = False
+        self.features.index_copy_(0, locs, features.to(self.features.dtype))
+        self.tokens.index_copy_(0, locs, tokens.reshape(-1).to(torch.int64))
+        self.read.index_fill_(0, locs, False)
 
     def mark_read(self, locs: torch.Tensor) -> None:
         self.read[locs.reshape(-1).to(torch.long)] = True

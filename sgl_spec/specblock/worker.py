@@ -216,7 +216,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         k = self._choose_budget(seq_lens_list)
         settings = self._budget_settings[k]
         if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
-            return self._forward_plain(batch, state, reqs, seq_lens, tic, k)
+            return self._forward_plain(batch, state, tic, k)
         tic_catch_up = time.perf_counter()
         root_cond = self._catch_up(reqs, seq_lens, state.pending_count, state.root_cond)
         # reading what the drafter skipped while off is the switch's cost, not this budget's
@@ -257,15 +257,15 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic, k)
         return result
 
-    def _forward_plain(self, batch, state, reqs, seq_lens, tic: float, k: int):
+    def _forward_plain(self, batch, state, tic: float, k: int):
         """Node budget 1: SGLang's plain decode forward of each root (``plain_step``), its
         token's rows kept for the drafter to read before it next drafts (``target_rows``)."""
         step = plain_step(self, batch, state.bonus_tokens, capture_hidden=True)
         bonus = state.bonus_tokens.to(torch.long)
         bs = bonus.shape[0]
         tic_store = time.perf_counter()
-        features = self._features(step.hidden[:bs])
-        self._store_committed(reqs, seq_lens, torch.ones_like(seq_lens), features, bonus)
+        # one row per request, at the slot the step wrote (no location lookup as for a verify)
+        self._ensure_rows().store(step.locs, self._features(step.hidden[:bs]), bonus)
         pending = state.pending_count + 1
         draft_s = time.perf_counter() - tic_store
         next_input = SpecBlockDraftInput(

@@ -87,6 +87,7 @@ class DrafterFollowing:
         row_starts: torch.Tensor,  # [bs] first row of each request in features / tokens
         context: PrefixContext | None = None,  # already gathered for prefix_lens
         features: torch.Tensor | None = None,  # [rows, F] instead of ``hidden``'s
+        store_rows: bool = False,  # keep the new positions' rows (``target_rows``) too
     ) -> torch.Tensor:  # [bs, d] next root condition
         """Training's pass 1 over the new positions; a failure leaves a zero condition (poor
         drafts next step, never a wrong output) and is logged."""
@@ -94,8 +95,9 @@ class DrafterFollowing:
             if features is None:
                 features = self._features(hidden)
             return self._drafter_extend_chunks(
-                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts, context
-            )
+                req_pool_indices, prefix_lens, num_new, features, tokens, row_starts, context,
+                store_rows,
+            )  # fmt: skip
         except Exception:
             logger.exception("SPECBLOCK: drafter extend failed; next drafts are uninformed")
             return torch.zeros(
@@ -114,8 +116,10 @@ class DrafterFollowing:
         tokens: torch.Tensor,
         row_starts: torch.Tensor,
         context: PrefixContext | None,
+        store_rows: bool = False,
     ) -> torch.Tensor:
-        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache."""
+        """Pass 1 in chunks of ``EXTEND_CHUNK`` positions; writes the drafter KV cache (and
+        with ``store_rows`` first keeps the positions' rows, at the same locations)."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         reqs = req_pool_indices.to(torch.long)
         bs = reqs.shape[0]
@@ -136,6 +140,12 @@ class DrafterFollowing:
                 prefix = self.pool.with_visibility(context, context_len, last_slot_only=False)
             else:
                 prefix = self._gather_context(reqs, context_len, last_slot_only=False)
+            locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
+            keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
+            kept_locs = locs.reshape(-1)[keep]
+            if store_rows:
+                kept_rows = rows.reshape(-1)[keep]
+                self._ensure_rows().store(kept_locs, features[kept_rows], tokens[kept_rows])
             out = extend_prefix(
                 self.drafter,
                 prefix,
@@ -144,11 +154,9 @@ class DrafterFollowing:
                 positions,
                 count.clamp(min=1),
             )
-            locs = req_to_token[reqs[:, None], positions.clamp(max=req_to_token.shape[1] - 1)]
-            keep = torch.nonzero(valid.reshape(-1)).squeeze(1)
-            self.pool.write(locs.reshape(-1)[keep], out.kv, keep)
+            self.pool.write(kept_locs, out.kv, keep)
             if self._rows is not None:
-                self._rows.mark_read(locs.reshape(-1)[keep])
+                self._rows.mark_read(kept_locs)
             is_last = active & (num_new <= offset + EXTEND_CHUNK)
             root_cond[is_last] = out.root_cond[is_last].to(root_cond.dtype)
         return root_cond
@@ -174,12 +182,6 @@ class DrafterFollowing:
         Returns the drafter fields of the next ``SpecBlockDraftInput``."""
         bs, width = path_tokens.shape
         features = self._features(hidden[: bs * width])
-        if self._rows is not None:  # kept, so that a radix-cache hit can re-read them
-            accepted = torch.arange(width, device=self.device)[None, :] < accept_lens[:, None]
-            self._store_committed(
-                reqs, seq_lens, accept_lens, features.view(bs, width, -1)[accepted],
-                path_tokens[accepted],
-            )  # fmt: skip
         carried = self._no_pending(bs)
         carried["root_cond"] = self._drafter_extend(
             reqs,
@@ -190,6 +192,8 @@ class DrafterFollowing:
             torch.arange(bs, device=self.device) * width,
             context,
             features=features,
+            # kept where steps may run without drafts, so that a radix-cache hit re-reads them
+            store_rows=self._rows is not None,
         )
         return carried
 

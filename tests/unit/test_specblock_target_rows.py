@@ -189,3 +189,29 @@ def test_unread_counts_survive_filter_and_merge() -> None:
     assert a.pending_count.tolist() == [0, 1, 3]
     a.filter_batch(torch.tensor([2]))
     assert a.pending_count.tolist() == [3] and a.root_cond.tolist() == [[1.0] * 4]
+
+
+@torch.no_grad()
+def test_follow_after_a_verify_keeps_the_accepted_rows_read() -> None:
+    """A drafting step's follow (the extend after its verify) keeps each accepted position's
+    features and token at its location, marked read, and nothing of the rejected ones; the
+    drafter ends where a worker without rows (``lazy=False``) leaves it."""
+    bs, width = 2, 4
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(bs * width, F, generator=gen)
+    path_tokens = torch.randint(0, SPECBLOCK_V, (bs, width), generator=gen)
+    lazy, eager = Follower(), Follower(lazy=False)
+    eager.drafter.load_state_dict(lazy.drafter.state_dict())
+    reqs, seq_lens, accept = torch.tensor([0, 1]), torch.tensor([0, 0]), torch.tensor([3, 1])
+    carried_l = lazy._follow(reqs, seq_lens, accept, hidden, path_tokens)
+    carried_e = eager._follow(reqs, seq_lens, accept, hidden, path_tokens)
+    torch.testing.assert_close(carried_l["root_cond"], carried_e["root_cond"])
+    slots = lazy.model_runner.req_to_token_pool.req_to_token
+    for b in range(bs):
+        n = int(accept[b])
+        locs = slots[b, :n]
+        torch.testing.assert_close(lazy._rows.features[locs], hidden.view(bs, width, F)[b, :n])
+        assert lazy._rows.tokens[locs].tolist() == path_tokens[b, :n].tolist()
+        assert bool(lazy._rows.read[locs].all())
+        assert not bool(lazy._rows.features[slots[b, n:width]].any())  # rejected: not kept
+        _same_drafter_state(eager, lazy, locs)

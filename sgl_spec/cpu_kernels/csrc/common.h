@@ -78,6 +78,9 @@ inline void write_rows(at::Tensor& cache, const at::Tensor& src, const at::Tenso
   }
 }
 
+// silu(g) = g / (1 + exp(-g)), through exp_clamped (vectorisable; no overflow to inf).
+__attribute__((always_inline)) inline float silu(float g) { return g / (1.f + exp_clamped(-g)); }
+
 // y = x Wᵀ through sgl_spec_native::packed_linear (linear.cpp), W packed by
 // pack_linear_weight: for kernels of one source that call another's.
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out) {

@@ -31,8 +31,10 @@ namespace {
 using sgl_spec_kernels::check_f32;
 using sgl_spec_kernels::exp_clamped;
 using sgl_spec_kernels::linear;
+using sgl_spec_kernels::rms_row;
 using sgl_spec_kernels::rms_rows;
 using sgl_spec_kernels::rope_head;
+using sgl_spec_kernels::silu;
 
 struct Workspace {
   float* k;
@@ -214,7 +216,7 @@ at::Tensor drafter_layer(const at::Tensor& hidden, const at::Tensor& positions,
       const float* g = gp + r * 2 * inter;
       const float* u = g + inter;
       float* o = actp + r * inter;
-      for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+      for (int64_t i = 0; i < inter; ++i) o[i] = silu(g[i]) * u[i];
     }
   });
   at::Tensor out = linear(act, down_packed, d);
@@ -255,8 +257,8 @@ at::Tensor drafter_fuse(const at::Tensor& cond, const at::Tensor& ids, const at:
   const float* cw = cond_norm.contiguous().data_ptr<float>();
   const float* tw = token_norm.contiguous().data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
-    rms_rows(cp + r * d, cw, bp + r * (d + dt), 1, d, cond_eps);
-    rms_rows(ep + tp[r] * dt, tw, bp + r * (d + dt) + d, 1, dt, token_eps);
+    rms_row(cp + r * d, cw, bp + r * (d + dt), d, cond_eps);
+    rms_row(ep + tp[r] * dt, tw, bp + r * (d + dt) + d, dt, token_eps);
   }
   const at::Tensor prefix = linear(both, prefix_packed, d);
   at::Tensor out = at::empty({rows, k, d}, cond.options());

@@ -23,6 +23,7 @@ using sgl_spec_kernels::check_f32;
 using sgl_spec_kernels::dot;
 using sgl_spec_kernels::linear;
 using sgl_spec_kernels::rms_rows;
+using sgl_spec_kernels::silu;
 
 // The heads of a drafter forward and what a tree round reads of them, per row of ``hidden``:
 // the final RMSNorm; the draft logits (the packed LM head); their top ``width`` draft ids,
@@ -101,10 +102,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> drafter_heads(
     float* rp = rank.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r) {
       float* a = mp + r * rank_hidden;
-      for (int64_t i = 0; i < rank_hidden; ++i) {
-        const float x = a[i] + b1[i];
-        a[i] = x / (1.f + std::exp(-x));
-      }
+      for (int64_t i = 0; i < rank_hidden; ++i) a[i] = silu(a[i] + b1[i]);
       for (int64_t c = 0; c < 4; ++c) rp[r * 4 + c] = dot(a, w2 + c * rank_hidden, rank_hidden) + b2[c];
     }
   }

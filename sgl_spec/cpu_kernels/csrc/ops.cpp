@@ -12,7 +12,8 @@
 // row's result does not depend on what else shares the call. Built with -ffp-contract=off:
 // the element-wise kernels (RoPE, the residual add) then round exactly as the PyTorch ops do;
 // RMSNorm's mean square sums in a different order than ATen's, and SiLU's exp is our own
-// polynomial (exp_clamped), so those two agree with ATen to float32 rounding.
+// polynomial (exp_clamped, through common.h's silu), so those two agree with ATen to float32
+// rounding.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -29,9 +30,9 @@
 namespace {
 
 using sgl_spec_kernels::check_f32;
-using sgl_spec_kernels::exp_clamped;
 using sgl_spec_kernels::rms_row;
 using sgl_spec_kernels::rope_head;
+using sgl_spec_kernels::silu;
 using sgl_spec_kernels::write_rows;
 
 // ---- RMSNorm ---------------------------------------------------------------------------
@@ -160,7 +161,7 @@ at::Tensor silu_and_mul(const at::Tensor& input) {
       const float* g = xp + t * stride;
       const float* u = g + d;
       float* o = op + t * d;
-      for (int64_t i = 0; i < d; ++i) o[i] = g[i] / (1.f + exp_clamped(-g[i])) * u[i];
+      for (int64_t i = 0; i < d; ++i) o[i] = silu(g[i]) * u[i];
     }
   });
   return out;

@@ -303,11 +303,9 @@ def _fuse_call(model: torch.nn.Module, rows: int, from_draft: bool) -> bool:
     built, and the packed weights it reads the native kernel's and taking ``rows``."""
     prefix = _prefix_packed(model)
     cond_proj = None if from_draft else getattr(model.cond_proj, "_sgl_spec_packed", None)
-    if from_draft:
-        projection_ok = True
-    else:
-        projection_ok = cond_proj is not None and cond_proj.kind == "native"
-        projection_ok = projection_ok and cond_proj.takes(rows)
+    projection_ok = from_draft or (
+        cond_proj is not None and cond_proj.kind == "native" and cond_proj.takes(rows)
+    )
     return (
         model.config.prefix_broadcast
         and hasattr(native.ops(), "drafter_fuse")

@@ -59,7 +59,7 @@ class TargetRows:
         self.read.index_fill_(0, locs, False)
 
     def mark_read(self, locs: torch.Tensor) -> None:
-        self.read[locs.reshape(-1).to(torch.long)] = True
+        self.read.index_fill_(0, locs.reshape(-1).to(torch.long), True)
 
     def unread_tail(self, req_to_token: torch.Tensor, reqs: torch.Tensor, lens: torch.Tensor):
         """Per request, how many of its positions ``0 .. lens-1`` lie at or after the first

@@ -1,5 +1,5 @@
 """Native float32 CPU kernels (``csrc/ops.cpp``, ``attention.cpp``, ``linear.cpp``,
-``drafter.cpp``, ``drafter_heads.cpp``), built on
+``drafter.cpp``, ``drafter_heads.cpp``, ``drafter_kv.cpp``), built on
 this host with the system C++ compiler.
 
 The PyTorch ops in ``layers.py``, ``attention.py`` and ``spec_ops.py`` call these for the cases
@@ -30,8 +30,11 @@ ENV_SWITCH = "SGLSPEC_CPU_NATIVE"
 ENV_DIR = "SGLSPEC_NATIVE_DIR"
 SOURCES = tuple(
     Path(__file__).with_name("csrc") / name
-    for name in ("ops.cpp", "attention.cpp", "linear.cpp", "drafter.cpp", "drafter_heads.cpp")
-)
+    for name in (
+        "ops.cpp", "attention.cpp", "linear.cpp", "drafter.cpp", "drafter_heads.cpp",
+        "drafter_kv.cpp",
+    )
+)  # fmt: skip
 HEADERS = (Path(__file__).with_name("csrc") / "common.h",)
 NAMESPACE = "sgl_spec_native"
 # -ffp-contract=off: no fused multiply-adds, so element-wise kernels round as PyTorch's do;

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_spec.cpu_kernels import native
 from sgl_spec.specblock.drafting import PrefixContext
 from sgl_spec.specblock.workspace import DEFAULT_ROOM, KVWorkspace
 from sgl_spec.verify.packing import context_visibility
@@ -42,14 +43,20 @@ def drafter_kv_bytes_per_row(config: object, dtype: torch.dtype) -> int:
     return 2 * num_layers * k * heads * head_dim * size + WRITTEN_AT_BYTES
 
 
-@dataclass(frozen=True)
-class _Gathered:
-    """What the CPU workspace holds since the last ``gather``: which locations in which rows."""
+@dataclass
+class _Seen:
+    """What the CPU workspace holds per row since the last ``gather`` (updated by each)."""
 
     capacity: int  # columns per row of the workspace's layout
-    locs: torch.Tensor  # [bs, T] the gathered locations, padded
-    num_tokens: torch.Tensor  # [bs] real entries of each row
-    generation: int  # ``DrafterKVPool._generation`` when gathered
+    locs: torch.Tensor  # [bs, capacity // K] int64, the locations gathered into each row
+    num_tokens: torch.Tensor  # [bs] int64, real entries of each row (0: holds nothing)
+    generation: int  # ``DrafterKVPool._generation`` at the last gather
+
+
+def _native_ops() -> object | None:
+    """Our native kernels where they have the one-call gather (else the PyTorch gather)."""
+    ops = native.ops()
+    return ops if ops is not None and hasattr(ops, "drafter_gather") else None
 
 
 class DrafterKVPool:
@@ -73,7 +80,7 @@ class DrafterKVPool:
         # which write last touched each row: a gathered row written since is gathered again
         self._written_at = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self._generation = 0
-        self._last: _Gathered | None = None
+        self._seen: _Seen | None = None
 
     @property
     def num_rows(self) -> int:
@@ -110,10 +117,10 @@ class DrafterKVPool:
 
         The workspace lives in memory the pool keeps between steps (fresh buffers of this size
         cost page faults every step), so a context is valid until the next ``gather``. On the
-        CPU the workspace keeps its layout while the contexts grow, and a gather for the same
-        requests copies only what is new since the last one: the positions past each row's
-        last real entry (those committed since, and the padding behind them), unless a
-        location gathered then has been written since."""
+        CPU the workspace keeps its layout while the contexts grow, and a gather copies per row
+        only what the workspace does not hold already: the positions from the first one whose
+        location differs from what the last gather put there, lies past either gather's real
+        entries, or has been written since (one native call where built)."""
         bs, t = locs.shape
         k = self.block_size
         _, _, n_kv, hd = self.keys[0].shape
@@ -125,47 +132,67 @@ class DrafterKVPool:
                     buffer[:, : t * k].view(bs, t, k, n_kv, hd).copy_(
                         pool[flat.reshape(-1)].view(bs, t, k, n_kv, hd)
                     )
+            visible = context_visibility(num_tokens, t, k, last_slot_only).to(locs.device)
         else:
-            kept = self._kept(flat, num_tokens)
-            capacity = kept.capacity if kept else t * k + DEFAULT_ROOM + GROWTH_COLUMNS
-            workspace, fresh = self._workspace(bs, capacity)
-            starts = [0] * bs if kept is None or fresh else kept.num_tokens.tolist()
-            for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
-                for pool, buffer in zip(pools, buffers, strict=True):
-                    # each request's row straight from the pool (``pool[locs]`` would fill a
-                    # fresh tensor of the whole batch, then copy it: 2-3x slower at 16-32)
-                    for row, start in enumerate(starts):
-                        if start < t:
-                            out = buffer[row, start * k : t * k].view(t - start, k, n_kv, hd)
-                            torch.index_select(pool, 0, flat[row, start:], out=out)
-            self._last = _Gathered(capacity, flat.clone(), num_tokens.clone(), self._generation)
+            workspace, seen = self._held(bs, t)
+            ops = _native_ops()
+            if ops is not None:
+                visible = ops.drafter_gather(
+                    flat.contiguous(), num_tokens.to(torch.int64).contiguous(), seen.locs,
+                    seen.num_tokens, self._written_at, seen.generation,
+                    [*self.keys, *self.values], [*workspace.keys, *workspace.values],
+                    last_slot_only,
+                )  # fmt: skip
+            else:
+                self._copy_new(flat, num_tokens, seen, workspace)
+                visible = context_visibility(num_tokens, t, k, last_slot_only)
+            seen.generation = self._generation
         workspace.length = t * k
-        visible = context_visibility(num_tokens, t, k, last_slot_only)
-        return PrefixContext(workspace, visible.to(locs.device))
+        return PrefixContext(workspace, visible)
+
+    def _held(self, bs: int, t: int) -> tuple[KVWorkspace, _Seen]:
+        """The CPU workspace for ``bs`` rows of ``t`` positions and what it holds: the last
+        gather's, unless the batch size changed or the contexts outgrew its layout (then a new
+        layout, holding nothing)."""
+        k = self.block_size
+        seen = self._seen
+        if seen is None or seen.locs.shape[0] != bs or t * k + DEFAULT_ROOM > seen.capacity:
+            seen = None
+        capacity = seen.capacity if seen else t * k + DEFAULT_ROOM + GROWTH_COLUMNS
+        workspace, fresh = self._workspace(bs, capacity)
+        if seen is None or fresh:
+            locs = torch.zeros((bs, capacity // k + 1), dtype=torch.int64)
+            seen = self._seen = _Seen(capacity, locs, locs[:, 0].clone(), self._generation)
+        return workspace, seen
+
+    def _copy_new(
+        self, flat: torch.Tensor, num_tokens: torch.Tensor, seen: _Seen, workspace: KVWorkspace
+    ) -> None:
+        """``drafter_gather`` in PyTorch ops (no native build): each row's positions from the
+        first one the workspace does not hold, straight from the pool (``pool[locs]`` would
+        fill a fresh tensor of the whole batch, then copy it: 2-3x slower at 16-32)."""
+        bs, t = flat.shape
+        k = self.block_size
+        _, _, n_kv, hd = self.keys[0].shape
+        limit = torch.minimum(num_tokens.to(torch.int64), seen.num_tokens).clamp(max=t)
+        held = (
+            (flat == seen.locs[:, :t])
+            & (torch.arange(t)[None, :] < limit[:, None])
+            & (self._written_at[flat] <= seen.generation)
+        )
+        starts = held.to(torch.int64).cumprod(dim=1).sum(dim=1).tolist()
+        for pools, buffers in ((self.keys, workspace.keys), (self.values, workspace.values)):
+            for pool, buffer in zip(pools, buffers, strict=True):
+                for row, start in enumerate(starts):
+                    if start < t:
+                        out = buffer[row, start * k : t * k].view(t - start, k, n_kv, hd)
+                        torch.index_select(pool, 0, flat[row, start:], out=out)
+        seen.locs[:, :t] = flat
+        seen.num_tokens.copy_(num_tokens)
 
     def forget(self) -> None:
         """The next ``gather`` copies every position (nothing is taken from the workspace)."""
-        self._last = None
-
-    def _kept(self, flat: torch.Tensor, num_tokens: torch.Tensor) -> _Gathered | None:
-        """The last gather, where the workspace still holds every real entry it gathered for
-        these rows: same batch, each row's real locations a prefix of its new ones, none of
-        them written since, and room for the new context in the same layout."""
-        last, self._last = self._last, None
-        if last is None or last.locs.shape[0] != flat.shape[0]:
-            return None
-        bs, t = flat.shape
-        old_t = last.locs.shape[1]
-        if old_t > t or t * self.block_size + DEFAULT_ROOM > last.capacity:
-            return None
-        if bool((num_tokens < last.num_tokens).any()):
-            return None
-        real = torch.arange(old_t, device=flat.device)[None, :] < last.num_tokens[:, None]
-        if bool(((flat[:, :old_t] != last.locs) & real).any()):
-            return None
-        if bool((self._written_at[last.locs[real]] > last.generation).any()):
-            return None
-        return last
+        self._seen = None
 
     def _workspace(self, batch_size: int, capacity: int) -> tuple[KVWorkspace, bool]:
         """A workspace of ``capacity`` columns per row on the pool's scratch memory (grown,

@@ -1,17 +1,31 @@
-"""``DrafterKVPool.gather`` on the CPU: a gather for the same requests copies only what is new
-since the last one, and the context it returns holds the pool's rows in every case (growth,
-rows written since, batch changes, the tree rounds' keys written behind the context, growth
-past the workspace's layout)."""
+"""``DrafterKVPool.gather`` on the CPU, in one native call and in PyTorch ops: a gather copies
+per row only what the workspace does not hold already, and the context it returns holds the
+pool's rows in every case (growth, rows written since, batch changes, the tree rounds' keys
+written behind the context, growth past the workspace's layout)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from sgl_spec.specblock import draft_kv
 from sgl_spec.specblock.draft_kv import GROWTH_COLUMNS, DrafterKVPool
+from tests.helpers.native_kernels import require_native
 
 LAYERS, ROWS, K, N_KV, HD = 2, 400, 4, 2, 8
 B = torch.tensor
 MARK = 1e9
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def gather_path(request, monkeypatch):
+    """Every test on both gathers: the native one (built for this host) and PyTorch's."""
+    if request.param == "native":
+        require_native(monkeypatch)
+        assert draft_kv._native_ops() is not None
+    else:
+        monkeypatch.setattr(draft_kv, "_native_ops", lambda: None)
+    return request.param
 
 
 def _pool() -> DrafterKVPool:
@@ -39,13 +53,18 @@ def _gather(pool: DrafterKVPool, rows: list[list[int]]):
     return pool.gather(locs, B([len(r) for r in rows]), last_slot_only=True), locs
 
 
-def _assert_rows(pool: DrafterKVPool, ctx, locs: torch.Tensor, first: int = 0) -> None:
+def _assert_rows(
+    pool: DrafterKVPool, ctx, locs: torch.Tensor, first: int = 0, row: int | None = None
+) -> None:
     """Columns from position ``first`` on hold the pool's row at their location (padding:
-    location 0), in every layer."""
+    location 0), in every layer, in every row (or in ``row``)."""
+    rows = slice(None) if row is None else slice(row, row + 1)
+    locs = locs[rows]
     bs, t = locs.shape
     for layer in range(LAYERS):
         got = ctx.kv.context(layer)  # keys, values: [bs, n_kv, t*K, hd]
         for got_part, store in zip(got, (pool.keys[layer], pool.values[layer]), strict=True):
+            got_part = got_part[rows]
             assert got_part.shape[2] == t * K
             want = store[locs[:, first:]].reshape(bs, (t - first) * K, N_KV, HD).transpose(1, 2)
             assert torch.equal(got_part[:, :, first * K :], want)
@@ -58,8 +77,13 @@ def _mark_prefix(ctx, positions: int) -> None:
         buffer[:, : positions * K] = MARK
 
 
-def _marked(ctx, positions: int) -> bool:
-    return all(bool((b[:, : positions * K] == MARK).all()) for b in (*ctx.kv.keys, *ctx.kv.values))
+def _marked(ctx, positions: int, row: int | None = None, first: int = 0) -> bool:
+    """Whether positions ``first .. positions-1`` of every row (or of ``row``) hold the mark."""
+    rows = slice(None) if row is None else slice(row, row + 1)
+    return all(
+        bool((b[rows, first * K : positions * K] == MARK).all())
+        for b in (*ctx.kv.keys, *ctx.kv.values)
+    )
 
 
 def _append_behind(ctx, columns: int) -> None:
@@ -89,15 +113,31 @@ def test_a_gather_for_the_same_requests_copies_only_what_is_new():
     assert torch.equal(_gather(pool, rows)[0].visible, visible)
 
 
-def test_a_row_written_since_is_gathered_again():
+def test_a_row_written_since_is_gathered_again_from_there():
     pool = _pool()
     rows = [[5, 9, 13], [40, 41]]
     ctx, _ = _gather(pool, rows)
     _mark_prefix(ctx, 2)
     _write(pool, [9], seed=3)  # a position the last gather read (a late catch-up, a reuse)
     ctx, locs = _gather(pool, [r + [80 + i] for i, r in enumerate(rows)])
-    assert not _marked(ctx, 1)
-    _assert_rows(pool, ctx, locs)
+    assert _marked(ctx, 1, row=0)  # before the rewritten position: kept
+    assert not _marked(ctx, 2, row=0, first=1)  # the rewritten one: copied again
+    _assert_rows(pool, ctx, locs, first=1, row=0)
+    assert _marked(ctx, 2, row=1)  # the other request's context: kept
+    _assert_rows(pool, ctx, locs, first=2)
+
+
+def test_a_row_whose_request_changed_is_gathered_from_where_it_differs():
+    pool = _pool()
+    ctx, _ = _gather(pool, [[5, 9, 13], [40, 41, 42]])
+    _mark_prefix(ctx, 3)
+    # row 0: another request sharing the first two locations (a radix-cache hit); row 1: the
+    # same request, retracted to one position and grown again
+    ctx, locs = _gather(pool, [[5, 9, 77, 78], [40, 50]])
+    assert _marked(ctx, 2, row=0) and not _marked(ctx, 3, row=0, first=2)
+    assert _marked(ctx, 1, row=1) and not _marked(ctx, 2, row=1, first=1)
+    _assert_rows(pool, ctx, locs, first=2, row=0)
+    _assert_rows(pool, ctx, locs, first=1, row=1)
 
 
 def test_every_change_of_batch_or_layout_gathers_what_the_pool_holds():

@@ -54,7 +54,8 @@ class _Seen:
 
 
 def _native_ops() -> object | None:
-    """Our native kernels where they have the one-call gather (else the PyTorch gather)."""
+    """Our native kernels where they have the pool's calls (``drafter_kv.cpp``), else None:
+    the PyTorch ops serve."""
     ops = native.ops()
     return ops if ops is not None and hasattr(ops, "drafter_gather") else None
 
@@ -96,9 +97,17 @@ class DrafterKVPool:
         kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [bs, n_kv, S*K, hd] each
         rows: torch.Tensor,  # [n] (request, start) flat index into bs*S of each block to keep
     ) -> None:
-        """Store the listed blocks of one drafter forward at ``locs``."""
+        """Store the listed blocks of one drafter forward at ``locs`` (one native call where
+        built and the dtypes agree)."""
         k = self.block_size
         self._generation += 1
+        ops = _native_ops() if self.keys[0].device.type == "cpu" else None
+        if ops is not None and all(t.dtype == self.keys[0].dtype for pair in kv for t in pair):
+            new = [key for key, _ in kv] + [value for _, value in kv]
+            ops.drafter_kv_write(
+                locs, rows, new, [*self.keys, *self.values], self._written_at, self._generation
+            )
+            return
         self._written_at[locs.long()] = self._generation
         for layer, (key, value) in enumerate(kv):
             for pool, new in ((self.keys[layer], key), (self.values[layer], value)):
@@ -215,5 +224,9 @@ class DrafterKVPool:
         visibility, without gathering again: the drafter extend after a verify reads the very
         rows the tree rounds before it read, with every slot visible."""
         t = context.num_columns // self.block_size
-        visible = context_visibility(num_tokens, t, self.block_size, last_slot_only)
+        ops = _native_ops() if context.visible.device.type == "cpu" else None
+        if ops is not None:
+            visible = ops.drafter_visibility(num_tokens, t, self.block_size, last_slot_only)
+        else:
+            visible = context_visibility(num_tokens, t, self.block_size, last_slot_only)
         return PrefixContext(context.kv, visible.to(context.visible.device))

@@ -182,3 +182,48 @@ def test_steady_steps_equal_a_gather_from_scratch():
             accepted = [free.pop() for _ in range(1 + (step + i) % 4)]
             _write(pool, accepted, seed=100 * step + i)
             row.extend(accepted)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "workspace"])
+def test_write_stores_each_kept_block_at_its_location(layout):
+    """``write`` of a forward's blocks (per layer [bs, n_kv, S*K, hd]: contiguous, or the
+    transposed view of a workspace's rows a native layer leaves) keeps the listed ones."""
+    pool = _pool()
+    gen = torch.Generator().manual_seed(7)
+    bs, s = 2, 3
+    kv = []
+    for _ in range(LAYERS):
+        pair = []
+        for _ in range(2):
+            if layout == "workspace":  # [bs, cap, n_kv, hd] rows, the forward's columns
+                rows = torch.randn(bs, s * K + 5, N_KV, HD, generator=gen)
+                pair.append(rows[:, 2 : 2 + s * K].transpose(1, 2))
+            else:
+                pair.append(torch.randn(bs, N_KV, s * K, HD, generator=gen))
+        kv.append(tuple(pair))
+    locs, keep = B([30, 31, 50, 33]), B([0, 2, 3, 5])  # request 0 starts 0, 2; request 1: 0, 2
+    before = [t.clone() for t in (*pool.keys, *pool.values)]
+    pool.write(locs, kv, keep)
+    for layer, (key, value) in enumerate(kv):
+        for new, store, old in ((key, pool.keys[layer], before[layer]),
+                                (value, pool.values[layer], before[LAYERS + layer])):  # fmt: skip
+            for loc, row in zip(locs.tolist(), keep.tolist(), strict=True):
+                b, start = divmod(row, s)
+                want = new[b, :, start * K : (start + 1) * K].transpose(0, 1)  # [K, n_kv, hd]
+                assert torch.equal(store[loc], want)
+            untouched = torch.ones(ROWS, dtype=torch.bool)
+            untouched[locs] = False
+            assert torch.equal(store[untouched], old[untouched])
+    assert pool._written_at[locs].eq(pool._generation).all()
+    assert pool._written_at[untouched].eq(0).all()
+
+
+def test_with_visibility_is_the_packing_mask():
+    from sgl_spec.verify.packing import context_visibility
+
+    pool = _pool()
+    ctx, _ = _gather(pool, [[5, 9, 13], [40, 41], [7]])
+    for last_slot_only in (False, True):
+        for counts in ([3, 2, 1], [2, 2, 0], [3, 0, 1]):
+            seen = pool.with_visibility(ctx, B(counts), last_slot_only).visible
+            assert torch.equal(seen, context_visibility(B(counts), 3, K, last_slot_only))

@@ -1,7 +1,7 @@
-// SPECBLOCK's drafter context gathered from its KV pool into a step's workspace in one call
-// (sgl_spec/specblock/draft_kv.py, DrafterKVPool.gather on the CPU): per request row, the
-// positions the workspace still holds from the last gather are kept, the rest copied, and the
-// mask of which context columns the drafter sees is returned.
+// SPECBLOCK's drafter KV pool (sgl_spec/specblock/draft_kv.py, DrafterKVPool on the CPU) in one
+// call each: a step's context gathered into its workspace (per request row, the positions the
+// workspace still holds from the last gather are kept, the rest copied) with the mask of which
+// context columns the drafter sees; the mask alone; a forward's new blocks written to the pool.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,6 +12,18 @@
 #include <vector>
 
 namespace {
+
+at::Tensor visibility(const at::Tensor& num_tokens, int64_t t, int64_t k, bool last_slot_only) {
+  const int64_t bs = num_tokens.numel();
+  const int64_t* np = num_tokens.data_ptr<int64_t>();
+  at::Tensor visible = at::empty({bs, t * k}, num_tokens.options().dtype(at::kBool));
+  bool* vp = visible.data_ptr<bool>();
+  for (int64_t b = 0; b < bs; ++b)
+    for (int64_t p = 0; p < t; ++p)
+      for (int64_t s = 0; s < k; ++s)
+        vp[(b * t + p) * k + s] = p < np[b] && !(last_slot_only && p == np[b] - 1 && s > 0);
+  return visible;
+}
 
 // Positions at the head of a row the workspace still holds: same location as the last gather
 // put there, among the real entries of both gathers, and not written since (``generation``).
@@ -96,13 +108,70 @@ at::Tensor drafter_gather(const at::Tensor& locs, const at::Tensor& num_tokens,
   else
     for (int64_t b = 0; b < bs; ++b) copy_row(b);
 
-  at::Tensor visible = at::empty({bs, t * k}, locs.options().dtype(at::kBool));
-  bool* vp = visible.data_ptr<bool>();
-  for (int64_t b = 0; b < bs; ++b)
-    for (int64_t p = 0; p < t; ++p)
-      for (int64_t s = 0; s < k; ++s)
-        vp[(b * t + p) * k + s] = p < np[b] && !(last_slot_only && p == np[b] - 1 && s > 0);
-  return visible;
+  return visibility(num_tokens, t, k, last_slot_only);
+}
+
+// Which of T positions' K slots [bs, T*K] a drafter forward sees (packing.context_visibility):
+// the first ``num_tokens`` positions of each row, with ``last_slot_only`` the last of them
+// slot 1 only.
+at::Tensor drafter_visibility(const at::Tensor& num_tokens, int64_t t, int64_t k,
+                              bool last_slot_only) {
+  TORCH_CHECK(num_tokens.dim() == 1 && t >= 0 && k > 0,
+              "sgl_spec_native: drafter_visibility needs [bs] counts, T >= 0, K > 0");
+  return visibility(num_tokens.to(at::kLong).contiguous(), t, k, last_slot_only);
+}
+
+// Blocks of one drafter forward stored in the pool: block ``rows[i]`` (request rows[i] / S, its
+// start rows[i] % S) of each layer's keys and values, [bs, n_kv, S*K, hd] with any strides, at
+// location locs[i] of the pools [rows, K, n_kv, hd] (contiguous, the same dtype); the write
+// stamp of those locations set to ``generation``.
+void drafter_kv_write(const at::Tensor& locs, const at::Tensor& rows, at::TensorList new_kv,
+                      at::TensorList pools, at::Tensor written_at, int64_t generation) {
+  TORCH_CHECK(new_kv.size() == pools.size() && !pools.empty(),
+              "sgl_spec_native: drafter_kv_write needs one pool per key/value tensor");
+  const at::Tensor l = locs.to(at::kLong).contiguous(), r = rows.to(at::kLong).contiguous();
+  const int64_t n = l.numel();
+  TORCH_CHECK(r.numel() == n, "sgl_spec_native: drafter_kv_write needs one row per location");
+  TORCH_CHECK(written_at.scalar_type() == at::kLong && written_at.is_contiguous(),
+              "sgl_spec_native: drafter_kv_write written_at must be contiguous int64");
+  const int64_t num_rows = written_at.numel();
+  const int64_t* lp = l.data_ptr<int64_t>();
+  const int64_t* rp = r.data_ptr<int64_t>();
+  const int64_t bs = new_kv[0].size(0), n_kv = new_kv[0].size(1), hd = new_kv[0].size(3);
+  const int64_t k = pools[0].size(1), starts = new_kv[0].size(2) / k;
+  for (size_t i = 0; i < pools.size(); ++i)
+    TORCH_CHECK(pools[i].is_contiguous() && pools[i].dim() == 4 && pools[i].size(0) == num_rows &&
+                    pools[i].size(1) == k && pools[i].size(2) == n_kv && pools[i].size(3) == hd &&
+                    new_kv[i].dim() == 4 && new_kv[i].size(0) == bs &&
+                    new_kv[i].size(1) == n_kv && new_kv[i].size(2) == starts * k &&
+                    new_kv[i].size(3) == hd &&
+                    new_kv[i].scalar_type() == pools[i].scalar_type(),
+                "sgl_spec_native: drafter_kv_write pool/new ", i, " shape or dtype");
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(lp[i] >= 0 && lp[i] < num_rows && rp[i] >= 0 && rp[i] < bs * starts,
+                "sgl_spec_native: drafter_kv_write location or row out of range");
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const at::Tensor& src = new_kv[i];
+    const int64_t es = src.element_size();
+    const int64_t s0 = src.stride(0), s1 = src.stride(1), s2 = src.stride(2), s3 = src.stride(3);
+    const uint8_t* sbase = static_cast<const uint8_t*>(src.data_ptr());
+    uint8_t* dbase = static_cast<uint8_t*>(pools[i].data_ptr());
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t b = rp[j] / starts, start = rp[j] % starts;
+      for (int64_t slot = 0; slot < k; ++slot)
+        for (int64_t h = 0; h < n_kv; ++h) {
+          const uint8_t* from = sbase + (b * s0 + h * s1 + (start * k + slot) * s2) * es;
+          uint8_t* to = dbase + (((lp[j] * k + slot) * n_kv + h) * hd) * es;
+          if (s3 == 1) {
+            std::memcpy(to, from, hd * es);
+          } else {
+            for (int64_t d = 0; d < hd; ++d) std::memcpy(to + d * es, from + d * s3 * es, es);
+          }
+        }
+    }
+  }
+  int64_t* wp = written_at.data_ptr<int64_t>();
+  for (int64_t j = 0; j < n; ++j) wp[lp[j]] = generation;
 }
 
 }  // namespace
@@ -111,6 +180,13 @@ TORCH_LIBRARY_FRAGMENT(sgl_spec_native, m) {
   m.def("drafter_gather(Tensor locs, Tensor num_tokens, Tensor(a!) seen_locs,"
         " Tensor(b!) seen_num, Tensor written_at, int generation, Tensor[] pools,"
         " Tensor(c!)[] buffers, bool last_slot_only) -> Tensor");
+  m.def("drafter_visibility(Tensor num_tokens, int t, int k, bool last_slot_only) -> Tensor");
+  m.def("drafter_kv_write(Tensor locs, Tensor rows, Tensor[] new_kv, Tensor(a!)[] pools,"
+        " Tensor(b!) written_at, int generation) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(sgl_spec_native, CPU, m) { m.impl("drafter_gather", &drafter_gather); }
+TORCH_LIBRARY_IMPL(sgl_spec_native, CPU, m) {
+  m.impl("drafter_gather", &drafter_gather);
+  m.impl("drafter_visibility", &drafter_visibility);
+  m.impl("drafter_kv_write", &drafter_kv_write);
+}

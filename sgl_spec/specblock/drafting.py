@@ -197,22 +197,33 @@ def _tree_round_mask(
 ) -> torch.Tensor:  # [bs, width*K, C + sum(round widths)*K + width*K] bool
     """Visibility of one tree forward (App. A.2, Figure 3): the prefix context, the on-path
     slots ``0..j`` of the one block per earlier round the start's path runs through, and its
-    own block causally. Padding starts see only their own block."""
+    own block causally. Padding starts see only their own block. (The starts' cells are
+    listed in Python and set in one indexed write: a few tensor ops whatever the batch.)"""
     k = block_size
     bs, c = prefix_visible.shape
-    cols = c + sum(r.width for r in rounds) * k
-    context = torch.zeros(bs, width, cols, dtype=torch.bool)
+    device = prefix_visible.device
     offsets, off = [], c
     for r in rounds:
         offsets.append(off)
         off += r.width * k
+    real = [[False] * width for _ in range(bs)]
+    cells: tuple[list[int], list[int], list[int]] = ([], [], [])
     for b, request_starts in enumerate(starts):
         for i, start in enumerate(request_starts):
-            context[b, i, :c] = prefix_visible[b].cpu()
+            real[b][i] = True
             for (row, slot), base in zip(_path_rows(rounds, b, start), offsets, strict=True):
-                context[b, i, base + row * k : base + row * k + slot + 1] = True
-    context = context.to(prefix_visible.device).repeat_interleave(k, dim=1)
-    own = own_block_mask(k, width, prefix_visible.device).expand(bs, width * k, width * k)
+                first = base + row * k
+                cells[0].extend([b] * (slot + 1))
+                cells[1].extend([i] * (slot + 1))
+                cells[2].extend(range(first, first + slot + 1))
+    context = torch.zeros(bs, width, off, dtype=torch.bool, device=device)
+    real_starts = torch.tensor(real, dtype=torch.bool, device=device)
+    context[:, :, :c] = prefix_visible[:, None, :] & real_starts[:, :, None]
+    if cells[0]:
+        index = torch.tensor(cells, dtype=torch.long, device=device)
+        context[index[0], index[1], index[2]] = True
+    context = context.repeat_interleave(k, dim=1)
+    own = own_block_mask(k, width, device).expand(bs, width * k, width * k)
     return torch.cat([context, own], dim=-1)
 
 
@@ -225,22 +236,28 @@ def _round_inputs(
     rounds: list[_Round],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Conditioning state [bs, width, d], token ids and positions [bs, width] of a round's
-    blocks: each start node's token and depth, and the ``h^(L)`` it continues from."""
-    bs = len(trees)
-    cond = torch.zeros(
-        bs, width, root_cond.shape[-1], dtype=root_cond.dtype, device=root_cond.device
-    )
-    ids = torch.zeros(bs, width, dtype=torch.long)
-    pos = torch.zeros(bs, width, dtype=torch.long)
+    blocks: each start node's token and depth, and the ``h^(L)`` it continues from (one row
+    gather from the roots' states, a zero row for padding and the last round's states)."""
+    bs, d = root_cond.shape
+    zero_row, hidden_base = bs, bs + 1
+    ids = [[0] * width for _ in range(bs)]
+    pos = [[0] * width for _ in range(bs)]
+    source = [[zero_row] * width for _ in range(bs)]
+    _, last_width, k, _ = rounds[-1].hidden.shape if rounds else (bs, 0, 0, d)
     for b, request_starts in enumerate(starts):
+        tree = trees[b]
         for i, start in enumerate(request_starts):
-            ids[b, i] = trees[b].tokens[start.node]
-            pos[b, i] = positions_base[b] + trees[b].depth[start.node]
-            if start.row < 0:
-                cond[b, i] = root_cond[b]
-            else:
-                cond[b, i] = rounds[-1].hidden[b, start.row, start.slot]
-    return cond, ids, pos
+            ids[b][i] = tree.tokens[start.node]
+            pos[b][i] = positions_base[b] + tree.depth[start.node]
+            source[b][i] = (
+                b if start.row < 0 else hidden_base + (b * last_width + start.row) * k + start.slot
+            )
+    parts = [root_cond, root_cond.new_zeros(1, d)]
+    if rounds:
+        parts.append(rounds[-1].hidden.reshape(-1, d).to(root_cond.dtype))
+    index = torch.tensor(source, dtype=torch.long, device=root_cond.device).view(-1)
+    cond = torch.cat(parts).index_select(0, index).view(bs, width, d)
+    return cond, torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
 
 
 def _expand_round(

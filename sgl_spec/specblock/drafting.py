@@ -38,6 +38,7 @@ from sgl_spec.specblock.tree import (
     BlockProposal,
     Start,
     expand_blocks,
+    list_proposal,
     propose_from_logits,
     prune_to_budget,
 )
@@ -272,24 +273,13 @@ def _expand_round(
     """Attach each request's proposed blocks to its tree; returns the next round's starts (the
     best ``max_starts`` by cumulative draft log-probability)."""
     candidates: list[list[Start]] = []
+    listed = list_proposal(proposal, settings.bucket_map, settings.fixed_width)  # one host copy
     for b, request_starts in enumerate(starts):
         if not request_starts:
             candidates.append([])
             continue
-        rows = slice(b * width, b * width + len(request_starts))
-        sub = type(proposal)(
-            proposal.top_tokens[rows].cpu(),
-            proposal.top_logprobs[rows].cpu(),
-            None if proposal.buckets is None else proposal.buckets[rows].cpu(),
-        )
-        found = expand_blocks(
-            trees[b],
-            request_starts,
-            sub,
-            settings.bucket_map,
-            settings.fixed_width,
-            settings.start_buckets,
-        )
+        sub = listed.rows(b * width, b * width + len(request_starts))
+        found = expand_blocks(trees[b], request_starts, sub, start_buckets=settings.start_buckets)
         _record_sources(trees[b], sources[b], request_starts, round_index)
         found.sort(key=lambda s, t=trees[b]: (-t.score[s.node], s.node))
         candidates.append(found[: settings.max_starts])

@@ -80,10 +80,51 @@ def propose_from_logits(
     return BlockProposal(d2t[top.indices], top.values, buckets)
 
 
+@dataclass
+class ListedProposal:
+    """A ``BlockProposal`` as Python lists, copied to the host once for a whole batch: per block
+    and position the widths to attach, the candidates' target ids and log-probabilities, and
+    the predicted bucket (-1 without a rank head)."""
+
+    widths: list[list[int]]
+    tokens: list[list[list[int]]]
+    logprobs: list[list[list[float]]]
+    buckets: list[list[int]]
+
+    def rows(self, start: int, stop: int) -> ListedProposal:
+        """Blocks ``start .. stop-1`` (one request's starts of a batched round)."""
+        return ListedProposal(
+            self.widths[start:stop],
+            self.tokens[start:stop],
+            self.logprobs[start:stop],
+            self.buckets[start:stop],
+        )
+
+
+def list_proposal(
+    proposal: BlockProposal, bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT, fixed_width: int = 2
+) -> ListedProposal:
+    """Each position's width (``fixed_width`` without a rank head, else ``b(bucket)``, at most
+    the candidates proposed) and the proposal as lists."""
+    n, k, most = proposal.top_tokens.shape
+    if proposal.buckets is None:
+        widths = torch.full((n, k), fixed_width, dtype=torch.long)
+        buckets = torch.full((n, k), -1, dtype=torch.long)
+    else:
+        buckets = proposal.buckets.cpu()
+        widths = branch_widths(buckets, bucket_map)
+    return ListedProposal(
+        widths.clamp(max=most).tolist(),
+        proposal.top_tokens.tolist(),
+        proposal.top_logprobs.tolist(),
+        buckets.tolist(),
+    )
+
+
 def expand_blocks(
     tree: DraftTree,
     starts: Sequence[Start],
-    proposal: BlockProposal,
+    proposal: BlockProposal | ListedProposal,
     bucket_map: Sequence[int] = BUCKET_MAP_DEFAULT,
     fixed_width: int = 2,
     start_buckets: Sequence[int] = DEFAULT_START_BUCKETS,
@@ -91,26 +132,26 @@ def expand_blocks(
     """Attach one block per start to ``tree`` (in place); return the candidate next starts.
 
     Without a rank head (``proposal.buckets is None``, the Table 2 ablation) every position
-    gets ``fixed_width`` siblings and only chain ends start later blocks.
+    gets ``fixed_width`` siblings and only chain ends start later blocks. A listed proposal
+    carries its widths already (``bucket_map`` and ``fixed_width`` then unused).
     """
-    n, k = proposal.top_tokens.shape[:2]
-    if len(starts) != n:
-        raise ValueError(f"{len(starts)} starts but a proposal for {n}")
-    if proposal.buckets is None:
-        widths = torch.full((n, k), fixed_width, dtype=torch.long)
-        buckets = torch.full((n, k), -1, dtype=torch.long)
-    else:
-        buckets = proposal.buckets.cpu()
-        widths = branch_widths(buckets, bucket_map)
-    widths = widths.clamp(max=proposal.top_tokens.shape[2]).tolist()
-    tokens, logprobs, buckets = (
-        proposal.top_tokens.tolist(),
-        proposal.top_logprobs.tolist(),
-        buckets.tolist(),
+    listed = (
+        proposal
+        if isinstance(proposal, ListedProposal)
+        else list_proposal(proposal, bucket_map, fixed_width)
+    )
+    if len(starts) != len(listed.tokens):
+        raise ValueError(f"{len(starts)} starts but a proposal for {len(listed.tokens)}")
+    widths, tokens, logprobs, buckets = (
+        listed.widths,
+        listed.tokens,
+        listed.logprobs,
+        listed.buckets,
     )
     next_starts: list[Start] = []
     for i, start in enumerate(starts):
         parent = start.node
+        k = len(widths[i])
         for slot in range(k):
             width = widths[i][slot]
             if width == 0:

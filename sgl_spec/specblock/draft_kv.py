@@ -144,6 +144,7 @@ class DrafterKVPool:
             visible = context_visibility(num_tokens, t, k, last_slot_only).to(locs.device)
         else:
             workspace, seen = self._held(bs, t)
+            self._seen = None  # until the copy below is done: a failure leaves nothing trusted
             ops = _native_ops()
             if ops is not None:
                 visible = ops.drafter_gather(
@@ -156,6 +157,7 @@ class DrafterKVPool:
                 self._copy_new(flat, num_tokens, seen, workspace)
                 visible = context_visibility(num_tokens, t, k, last_slot_only)
             seen.generation = self._generation
+            self._seen = seen
         workspace.length = t * k
         return PrefixContext(workspace, visible)
 

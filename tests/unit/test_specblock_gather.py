@@ -227,3 +227,14 @@ def test_with_visibility_is_the_packing_mask():
         for counts in ([3, 2, 1], [2, 2, 0], [3, 0, 1]):
             seen = pool.with_visibility(ctx, B(counts), last_slot_only).visible
             assert torch.equal(seen, context_visibility(B(counts), 3, K, last_slot_only))
+
+
+def test_a_failed_gather_leaves_nothing_taken_from_the_workspace():
+    pool = _pool()
+    rows = [[5, 9, 13], [40, 41]]
+    ctx, _ = _gather(pool, rows)
+    _mark_prefix(ctx, 2)  # what a gather that failed half-way might leave in the workspace
+    with pytest.raises((IndexError, RuntimeError)):
+        _gather(pool, [[5, 9, 13, 2 * ROWS], [40, 41, 42]])  # a location outside the pool
+    ctx, locs = _gather(pool, [r + [60] for r in rows])
+    _assert_rows(pool, ctx, locs)  # every position copied again

@@ -284,6 +284,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "Python source no shipped model was trained on (benchmarks/code_prompts.py), for the "
         "servers, the greedy check and the transformers peers alike",
     )
+    parser.add_argument(
+        "--repeat-prompts",
+        action="store_true",
+        help="send every round the same prompts and flush nothing (the protocol of runs before "
+        "2026-12-07). By default each round draws prompts of its own (bench_serving's seed + "
+        "round; code windows that never overlap) and each server's caches are flushed after "
+        "bench_serving's warm-up and before the greedy check, so no server meets a prompt or "
+        "a continuation it has served: SGLang's NGRAM keeps every output in its corpus and "
+        "would otherwise replay them",
+    )
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--port-base", type=int, default=31000)
     parser.add_argument(
@@ -603,6 +613,19 @@ def assemble(command: str, host: dict, algorithms: list[str], runs: list[dict]) 
     return {"command": command, "host": host, "runs": runs}
 
 
+def fresh_prompts(args: argparse.Namespace) -> bool:
+    """Does each round draw prompts of its own, with caches flushed (not ``--repeat-prompts``)?
+    A load without the option (tests' own namespaces) keeps the fixed prompts."""
+    return hasattr(args, "repeat_prompts") and not args.repeat_prompts
+
+
+def round_seed(args: argparse.Namespace) -> int:
+    """bench_serving's seed for this pass: the fixed one, plus the round (``round_index``)
+    where each round draws prompts of its own."""
+    seed = int(flag_value(BENCH_SERVING_FIXED, "--seed"))
+    return seed + getattr(args, "round_index", 0) if fresh_prompts(args) else seed
+
+
 def bench_serving_argv(
     port: int, args: argparse.Namespace, model: str | None, output_file: Path
 ) -> list[str]:
@@ -621,6 +644,10 @@ def bench_serving_argv(
         options["--tokenizer"] = model
     pairs = [str(item) for option in options.items() for item in option]
     fixed = list(BENCH_SERVING_FIXED)
+    fixed[fixed.index("--seed") + 1] = str(round_seed(args))
+    if fresh_prompts(args):
+        # after its warm-up (a request of the measured prompts), flush what the server kept
+        pairs.append("--flush-cache")
     dataset = getattr(args, "dataset_path", None)
     if dataset is not None:  # --prompts code: the file main() wrote
         fixed[fixed.index("--dataset-name") : fixed.index("--dataset-name") + 2] = []

@@ -58,6 +58,7 @@ from _bench_lib import (
     bench_serving_argv,
     combine_rounds,
     format_table,
+    fresh_prompts,
     host_info,
     interleave_flags,
     mean_or_none,
@@ -75,6 +76,7 @@ from server_process import ServerProcess, pick_port, tail
 NUM_GREEDY_PROMPTS = 8
 MAX_GREEDY_NEW_TOKENS = 64
 MAX_GREEDY_PROMPT_LEN = 32
+FLUSH_TIMEOUT_S = 60.0  # bench_serving's own --flush-cache timeout
 # --interleave: server i listens at or above --port-base + PORT_STRIDE * i
 PORT_STRIDE = 10
 
@@ -91,16 +93,43 @@ def greedy_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 def prepare_prompts(args: argparse.Namespace, extra: list[str], log_dir: Path) -> None:
-    """With ``--prompts code``: write bench_serving's dataset of code windows (``code_prompts``)
-    and keep their token ids for the greedy check (``args.dataset_path``, ``args.code_windows``)."""
+    """With ``--prompts code``: write bench_serving's datasets of code windows
+    (``code_prompts``), one per round unless ``--repeat-prompts``, and keep round 0's token ids
+    for the greedy check (``args.dataset_paths``, ``args.dataset_path`` = round 0's,
+    ``args.code_windows``)."""
     if args.prompts != "code":
         return
     from sgl_spec.models.registry import DEFAULT_TARGET, resolve_model_path
 
     tokenizer = resolve_model_path(model_path(extra) or DEFAULT_TARGET)
-    texts, windows = code_prompts.code_windows(tokenizer, args.num_prompts, args.input_len)
-    args.dataset_path = code_prompts.write_dataset(log_dir / code_prompts.DATASET_FILE, texts)
-    args.code_windows = windows
+    rounds = args.rounds if fresh_prompts(args) else 1
+    per_round = code_prompts.code_window_rounds(
+        tokenizer, args.num_prompts, args.input_len, args.output_len, rounds
+    )
+    args.dataset_paths = [
+        code_prompts.write_dataset(log_dir / code_prompts.dataset_file(r), texts)
+        for r, (texts, _) in enumerate(per_round)
+    ]
+    args.dataset_path = args.dataset_paths[0]
+    args.code_windows = per_round[0][1]
+
+
+def at_round(args: argparse.Namespace, round_index: int) -> argparse.Namespace:
+    """``args`` for one round: its index (bench_serving's seed) and, with ``--prompts code``,
+    its dataset."""
+    round_args = argparse.Namespace(**{**vars(args), "round_index": round_index})
+    paths = getattr(args, "dataset_paths", None)
+    if paths and fresh_prompts(args):
+        round_args.dataset_path = paths[round_index]
+    return round_args
+
+
+def flush_caches(url: str, timeout: float) -> None:
+    """SGLang's ``/flush_cache`` (radix cache, KV pools, a drafter's own caches such as NGRAM's
+    corpus), waiting up to ``timeout`` for the server to go idle."""
+    resp = requests.post(url + "/flush_cache", params={"timeout": timeout}, timeout=timeout + 30)
+    if resp.status_code != 200:
+        raise RuntimeError(f"/flush_cache answered {resp.status_code}: {resp.text.strip()}")
 
 
 def run_bench_serving(port: int, args: argparse.Namespace, model: str | None, work: Path) -> dict:
@@ -175,6 +204,9 @@ def measure(
     try:
         run.update(run_bench_serving(server.port, args, model_path(extra), work))
         run.update(parse_server_metrics(server.log_path.read_text(errors="replace")))
+        if fresh_prompts(args):
+            stage = "/flush_cache"
+            flush_caches(server.url, FLUSH_TIMEOUT_S)
         stage = "greedy /generate"
         prompts = greedy_prompts(args)
         max_new_tokens = min(args.output_len, MAX_GREEDY_NEW_TOKENS)
@@ -252,7 +284,8 @@ def run_sequential(
             for name in order:
                 index = (ci * args.rounds + round_i) * len(args.algorithms)
                 index += args.algorithms.index(name)
-                run = timed(started, run_algorithm, index, name, args_c, extra, log_dir)
+                args_r = at_round(args_c, round_i)
+                run = timed(started, run_algorithm, index, name, args_r, extra, log_dir)
                 per_algorithm[name].append(run)
         sweep[concurrency] = per_algorithm
     return sweep
@@ -309,6 +342,7 @@ def drive_round_robin(
     bracket = getattr(args, "bracket", False) and reference not in failed
     per_algorithm: dict[str, list[dict]] = {name: [] for name in args.algorithms}
     for round_i, order in enumerate(round_orders(args.algorithms, args.rounds)):
+        args_r = at_round(args_c, round_i)
         brackets = Brackets(reference)
         sequence = bracketed_order(order, reference) if bracket else order
         for name in sequence:
@@ -322,9 +356,9 @@ def drive_round_robin(
             where = f"concurrency {concurrency}, " if is_sweep else ""
             print(f"[{name}] {where}round {round_i + 1}/{args.rounds}", flush=True)
             if is_peer(name):
-                run = timed(started, measure_hf, name, args_c, extra, work)
+                run = timed(started, measure_hf, name, args_r, extra, work)
             else:
-                run = timed(started, measure, servers[name], name, args_c, extra, work)
+                run = timed(started, measure, servers[name], name, args_r, extra, work)
             brackets.ran(name, run)
             if not again:
                 per_algorithm[name].append(run)

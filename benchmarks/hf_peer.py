@@ -57,7 +57,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _bench_lib import BENCH_SERVING_FIXED, model_path, paired_ratio
+from _bench_lib import BENCH_SERVING_FIXED, model_path, paired_ratio, round_seed
 from server_process import tail
 
 from sgl_spec.argv import flag_value
@@ -81,7 +81,7 @@ def peer_spec(
         "num_prompts": args.num_prompts,
         "input_len": args.input_len,
         "output_len": args.output_len,
-        "seed": int(flag_value(BENCH_SERVING_FIXED, "--seed")),
+        "seed": round_seed(args),
         "range_ratio": float(flag_value(BENCH_SERVING_FIXED, "--random-range-ratio")),
         "greedy_prompts": greedy,
         "dataset_path": None

@@ -8,7 +8,8 @@ launcher fills in the shipped draft, adapter or drafter). Through each surface:
     choices, a ``fork`` into two ``gen`` branches) run against ``RuntimeEndpoint``;
 (b) the ``openai`` client: chat and text completions, each streamed and not;
 (c) one ``sglang.bench_serving`` run (offline ``random-ids``, a few prompts all in flight at
-    once): every request completes, with ``none``'s texts.
+    once): every request completes, with ``none``'s texts;
+(d) ``/flush_cache`` after that traffic, then the ``openai`` outputs again.
 
 ``none``'s results are recorded first, then each algorithm's server is started once and every
 surface compared (one server alive at a time).
@@ -164,3 +165,15 @@ def test_bench_serving(servers, expected, algorithm: str, tmp_path) -> None:
     got = bench_serving(servers(algorithm), tmp_path)
     assert got["generated_texts"] == expected["bench"]["generated_texts"]
     assert got["output_lens"] == expected["bench"]["output_lens"]
+
+
+def test_flush_cache_keeps_the_outputs(servers, expected, algorithm: str) -> None:
+    """SGLang's ``/flush_cache`` (bench_serving's ``--flush-cache``; it empties the radix
+    cache and the KV pools, and calls the draft worker's ``clear_cache_pool``) after this
+    server's traffic: it succeeds, and the outputs after it are still ``none``'s."""
+    import requests
+
+    server = servers(algorithm)
+    resp = requests.post(server.url + "/flush_cache", params={"timeout": 60}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert openai_outputs(server) == expected["openai"]

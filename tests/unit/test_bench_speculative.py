@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,41 @@ def test_bench_serving_command_is_offline_and_fixed_length() -> None:
     for flag, value in expected.items():
         assert lib.flag_value(argv, flag) == value, flag
     assert not lib.has_flag(lib.bench_serving_argv(1, args, None, Path("o")), "--tokenizer")
+
+
+def test_each_round_draws_its_own_prompts_and_flushes_after_the_warm_up() -> None:
+    """By default round r seeds bench_serving with 1 + r and has it flush the server's caches
+    after its warm-up (a request of the measured prompts); ``--repeat-prompts`` keeps the
+    fixed seed and flushes nothing."""
+    args, _ = lib.parse_args(["--algorithms", "none,ngram", "--rounds", "3"])
+    for round_index in range(3):
+        argv = lib.bench_serving_argv(1, bench.at_round(args, round_index), None, Path("o"))
+        assert lib.flag_value(argv, "--seed") == str(1 + round_index)
+        assert argv.count("--seed") == 1 and lib.has_flag(argv, "--flush-cache")
+    repeat, _ = lib.parse_args(["--algorithms", "none", "--rounds", "3", "--repeat-prompts"])
+    for round_index in range(3):
+        argv = lib.bench_serving_argv(1, bench.at_round(repeat, round_index), None, Path("o"))
+        assert lib.flag_value(argv, "--seed") == "1" and not lib.has_flag(argv, "--flush-cache")
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_the_greedy_check_follows_a_flush_unless_prompts_repeat(
+    monkeypatch, tmp_path, repeat
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(bench, "run_bench_serving", lambda *a: calls.append("bench") or {
+        "bench_accept_length": 2.0})  # fmt: skip
+    monkeypatch.setattr(bench, "parse_server_metrics", lambda text: {})
+    monkeypatch.setattr(bench, "flush_caches", lambda url, timeout: calls.append("flush"))
+    monkeypatch.setattr(bench, "run_greedy", lambda *a: calls.append("greedy") or {
+        "greedy_output_ids": [[1]], "greedy_accept_length": 3.0})  # fmt: skip
+    server = types.SimpleNamespace(url="http://x", port=1, log_path=tmp_path / "server.log")
+    server.log_path.write_text("")
+    argv = ["--algorithms", "none"] + (["--repeat-prompts"] if repeat else [])
+    args, extra = lib.parse_args(argv)
+    run = bench.measure(server, "none", bench.at_round(args, 0), extra, tmp_path / "w")
+    assert "error" not in run, run
+    assert calls == (["bench", "greedy"] if repeat else ["bench", "flush", "greedy"])
 
 
 # --- results ------------------------------------------------------------------------------
@@ -468,6 +504,7 @@ def test_interleave_starts_each_server_once_and_drives_them_in_turn(monkeypatch,
 
     def fake_measure(server: FakeServer, name: str, args, extra, work) -> dict:
         assert server.name == name and "--sleep-on-idle" not in extra
+        assert work.name == f"round{args.round_index}"  # each round its own prompts
         log.append(("measure", name, work.name))
         return fake_run(name, next(speed[name]), [[1]])
 

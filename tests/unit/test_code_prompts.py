@@ -3,6 +3,7 @@ source, the bench_serving dataset they become, and the same prompts on every pat
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -85,6 +86,44 @@ def test_prompts_code_reaches_bench_serving_greedy_check_and_peer(tmp_path: Path
     assert greedy[0] == windows[1][0][: bench.MAX_GREEDY_PROMPT_LEN]
     spec = hf_peer.peer_spec("hf", args, extra, greedy, 8)
     assert spec["dataset_path"] == str(args.dataset_path)
+
+
+def test_each_round_gets_code_it_has_not_met(tmp_path: Path, target: str, windows) -> None:
+    """Rounds of ``--prompts code`` read windows of their own: round 0's are the single-round
+    windows, and no window with the output after it overlaps another's in its file."""
+    follow = 32
+    # enough rounds that windows drawn at random would overlap in the smaller files
+    rounds = code_prompts.code_window_rounds(target, NUM, LENGTH, follow, 24)
+    assert rounds[0] == windows
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    entries, sources = read_corpus()
+    held_out = [sources[e.path] for e in entries if e.split == "eval"]
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for texts, _ in rounds:
+        for text in texts:
+            f = next(i for i, source in enumerate(held_out) if text in source)
+            start = held_out[f].index(text)
+            ids = tokenizer.encode(held_out[f][start : start + 4000], add_special_tokens=False)
+            spans.setdefault(f, []).append(
+                (start, start + len(tokenizer.decode(ids[: LENGTH + follow])))
+            )
+    for taken in spans.values():
+        for (a0, a1), (b0, b1) in itertools.combinations(taken, 2):
+            assert a1 <= b0 or b1 <= a0, (a0, a1, b0, b1)
+    argv = ["--algorithms", "none", "--prompts", "code", "--num-prompts", str(NUM), "--rounds", "3"]
+    args, extra = lib.parse_args([*argv, "--input-len", str(LENGTH), "--output-len", str(follow)])
+    bench.prepare_prompts(args, extra, tmp_path)
+    assert len(args.dataset_paths) == 3 and args.code_windows == windows[1]
+    for r in range(3):
+        command = lib.bench_serving_argv(1, bench.at_round(args, r), None, tmp_path / "o.jsonl")
+        assert lib.flag_value(command, "--dataset-path") == str(args.dataset_paths[r])
+        lines = [json.loads(line) for line in open(args.dataset_paths[r])]
+        assert [line["conversations"][0]["content"] for line in lines] == rounds[r][0]
+    repeat, extra = lib.parse_args([*argv, "--repeat-prompts", "--input-len", str(LENGTH)])
+    (tmp_path / "r").mkdir()
+    bench.prepare_prompts(repeat, extra, tmp_path / "r")
+    assert len(repeat.dataset_paths) == 1
+    assert bench.at_round(repeat, 2).dataset_path == repeat.dataset_paths[0]
 
 
 def test_default_prompts_stay_random_ids() -> None:

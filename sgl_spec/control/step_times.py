@@ -28,7 +28,7 @@ from sgl_spec.control.levels import HostLevels
 # two settings' extra costs to be read (``StepTimes.extra_ratio_from_smaller_batch``).
 SIGNIFICANT_EXTRA = 0.1
 # The fewest steps a setting's samples must span before they stand for its time while it is
-# not measured yet (``StepTimes.provisional``): one 4-step sample of a draft chain.
+# not measured yet (``StepTimes.provisional``, which also needs two samples).
 PROVISIONAL_STEPS = 4
 
 
@@ -95,15 +95,17 @@ class StepTimes:
         return self._get_bucket(batch_bucket(batch_size), k)
 
     def provisional(self, batch_size: int, k: int) -> float | None:
-        """The least sample of (bucket, k) once it has ``PROVISIONAL_STEPS`` steps' worth but
-        fewer than ``min_samples`` samples (else None): what a probe has measured so far. Noise
-        only adds time, so it overstates the setting's cost while a burst lasts;
-        ``bounds.tau_bound`` takes it all the same, to end a probe that has already shown its
-        setting cannot pay. Samples of single steps never count: the first step after a
-        switch costs more than the next ones."""
+        """The least sample of (bucket, k) once it has two samples and ``PROVISIONAL_STEPS``
+        steps' worth but fewer than ``min_samples`` samples (else None): what a probe has
+        measured so far. Noise only adds time, so it overstates the setting's cost while a
+        burst lasts; ``bounds.tau_bound`` takes it all the same, to end a probe that has
+        already shown its setting cannot pay. The first step after a switch costs more than
+        the next ones, so the first sample never stands alone: samples of single steps never
+        count, and a draft chain's first 4-step sample (the switch inside it) counts only
+        beside a second."""
         key = (batch_bucket(batch_size), k)
         count = self._counts.get(key, 0)
-        if count * self.chunk < PROVISIONAL_STEPS or count >= self.min_samples:
+        if count < 2 or count * self.chunk < PROVISIONAL_STEPS or count >= self.min_samples:
             return None
         return min(self._samples[key])
 

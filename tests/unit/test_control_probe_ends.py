@@ -3,8 +3,8 @@ it is for cannot pay at the batch's plausible acceptance (``plausible_probes``).
 
 A setting not measured at a batch size is probed until ``min_samples`` samples are in (12
 steps for a draft chain's 4-step samples). At a large batch a verify of several tokens per
-request costs several plain steps, so such a probe loses most of them; its first sample
-(``StepTimes.provisional``) already bounds the setting's τ, and the probe stops there."""
+request costs several plain steps, so such a probe loses most of them; its first two samples
+(``StepTimes.provisional``) already bound the setting's τ, and the probe stops there."""
 
 from __future__ import annotations
 
@@ -37,15 +37,29 @@ def test_first_samples_are_provisional_until_measured() -> None:
     assert single.provisional(16, 1) is None
 
 
+def test_a_chains_first_sample_never_stands_alone() -> None:
+    """A draft chain's first 4-step sample holds the step that switched it on, which costs
+    several plain steps (a served STANDALONE_FULL probe after bench_serving's flush: T(1)'s
+    first sample 16.4 ms against T(0) 8.4 ms, RESULTS.md 2026-12-07); alone it would end the
+    probe of a setting that pays. It counts beside the next one, the least of the two."""
+    times = StepTimes(window=9, min_samples=3, chunk=4)
+    for seconds in (0.040, 0.009, 0.009, 0.008):
+        times.update(1, 1, seconds)
+    assert times.provisional(1, 1) is None
+    for seconds in (0.009, 0.010, 0.009, 0.010):
+        times.update(1, 1, seconds)
+    assert times.provisional(1, 1) == 0.0095
+
+
 def test_a_probe_ends_when_its_first_sample_rules_its_setting_out() -> None:
     """16 requests, a chain of k drafts costing 1 + 2k plain steps, one draft accepted a
     request: k = 1 (3 plain steps for at most 2 tokens) is probed at calibration and the
-    chain of 3 later while off; each probe ends with its first 4-step sample. Without the rule
-    each runs its 12 steps."""
+    chain of 3 later while off; each probe ends with its second 4-step sample (the first, with
+    the switch in it, never stands alone). Without the rule each runs its 12 steps."""
     cost = lambda k: 1 + 2 * k  # noqa: E731
     ctrl = steps_controller(3)
     drafted = _drafted(ctrl, cost)
-    assert drafted == [1] * 4 + [3] * 4
+    assert drafted == [1] * 8 + [3] * 8
     assert ctrl.times.get(16, 1) is None and ctrl.times.provisional(16, 1) is not None
 
     before = steps_controller(3)

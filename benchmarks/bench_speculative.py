@@ -13,10 +13,11 @@ invocation on one host, so the ratios against the first algorithm compare like w
 
 Each round draws prompts of its own (bench_serving's seed plus the round; with ``--prompts
 code``, windows that never overlap), and each server's caches are flushed (``/flush_cache``)
-after bench_serving's warm-up and before the greedy check: no server meets a prompt, or a
-continuation, it has served before. SGLang's NGRAM keeps every output in its corpus, and with
-the same prompts every round it replays them (``--repeat-prompts``: the protocol of runs before
-2026-12-07, kept to reproduce them).
+after bench_serving's warm-up and before the greedy check: no pass meets anything a server
+kept from before it (in a ``--concurrency`` sweep the rounds of each concurrency repeat the
+prompts of the one before, but every pass starts flushed). SGLang's NGRAM keeps every output
+in its corpus, and with the same prompts every round it replays them (``--repeat-prompts``:
+the protocol of runs before 2026-12-07, kept to reproduce them).
 
 ``--rounds R`` repeats that with the order alternating; ``--interleave`` instead starts every
 server once, keeps them all up (idle ones sleep) and drives them in turn each round, which on

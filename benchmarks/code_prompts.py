@@ -53,18 +53,20 @@ def code_window_rounds(
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     files = _long_files(tokenizer, num_prompts, input_len)
+    # per file, the line starts early enough for a full window after them (found once)
+    line_starts = []
+    for text, ids in files:
+        last = len(tokenizer.decode(ids[: len(ids) - input_len]))
+        line_starts.append([0] + [j + 1 for j in range(last) if text[j] == "\n"])
     rng = random.Random(SEED)
     taken: list[list[tuple[int, int]]] = [[] for _ in files]  # per file: char spans used
     out = []
     for _ in range(rounds):
         prompts, windows = [], []
         for i in range(num_prompts):
-            text, ids = files[i % len(files)]
-            # a line start early enough for a full window after it
-            last = len(tokenizer.decode(ids[: len(ids) - input_len]))
-            starts = [0] + [j + 1 for j in range(last) if text[j] == "\n"]
+            f = i % len(files)
             start, tokens = _free_window(
-                tokenizer, text, starts, taken[i % len(files)], rng, input_len + output_len
+                tokenizer, files[f][0], line_starts[f], taken[f], rng, input_len + output_len
             )
             window = tokens[:input_len]
             prompts.append(tokenizer.decode(window))

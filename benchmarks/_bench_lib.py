@@ -121,6 +121,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "SPECBLOCK", "--specblock-budget", "auto"),
         own_speculative_flags=True,
     ),
+    # the drafter's tree merged with SGLang's n-gram corpus drafts (8 nodes per request offered)
+    "specblock-ngram": Algorithm(
+        ("--speculative-algorithm", "SPECBLOCK", "--specblock-ngram", "8"),
+        own_speculative_flags=True,
+    ),
     # every step the root alone (no drafts; the drafter still follows): the floor of
     # `specblock-auto` when its controller keeps drafting off
     "specblock-off": Algorithm(

@@ -84,6 +84,16 @@ class SpecBlockFlags:
         " or float32, bfloat16, float16.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
+    specblock_ngram: int = flag(
+        0,
+        "--specblock-ngram",
+        "SPECBLOCK: also offer up to N nodes (root included) per request from SGLang's n-gram"
+        " corpus of the prompts and outputs seen (what NGRAM drafts from), merged into the"
+        " drafter's tree before the node budget cuts it (specblock/ngram_branch.py); 0 (the"
+        " default) = off. Not with --specblock-adapt.",
+        kind=int,
+        bounds=(0, 64),
+    )
     specblock_adapt: bool = flag(
         False,
         "--specblock-adapt",
@@ -104,6 +114,15 @@ class SpecBlockFlags:
     def validate(self) -> None:
         """Checks beyond the declared ones; ``ConfigError`` naming the flag."""
         specblock_bucket_map(self.specblock_branching)
+        if self.specblock_ngram == 1:
+            raise ConfigError(
+                "--specblock-ngram must be 0 (off) or >= 2: a tree of 1 node drafts nothing"
+            )
+        if self.specblock_ngram and self.specblock_adapt:
+            raise ConfigError(
+                "--specblock-ngram with --specblock-adapt: adaptation learns from the drafter's"
+                " own nodes only; drop one"
+            )
         if self.specblock_adapt_options is not None:
             if not self.specblock_adapt:
                 raise ConfigError("--specblock-adapt-options needs --specblock-adapt")

@@ -27,6 +27,7 @@ class SpecBlockSettings:
     adapt: AdaptConfig | None = None  # --specblock-adapt (cost-aware adaptation, §3.4)
     drafter_dtype: str = "auto"  # --specblock-drafter-dtype (resolved by ``drafter_dtype``)
     budget: str = "fixed"  # --specblock-budget: fixed, auto (the controller), cycle or off
+    ngram: int = 0  # --specblock-ngram: n-gram tree nodes merged per request (0: off)
 
     def budgets(self) -> tuple[int, ...]:
         """The node budgets the controller chooses from, cheapest first: 1 (the root alone, no
@@ -153,6 +154,7 @@ def load_settings(config: SpecConfig, model_path: str | None = None) -> SpecBloc
         adapt,
         config.specblock_drafter_dtype,
         budget=config.specblock_budget,
+        ngram=config.specblock_ngram,
     )
 
 

@@ -51,6 +51,7 @@ from sgl_spec.specblock.drafting import (
 from sgl_spec.specblock.follow import DrafterFollowing
 from sgl_spec.specblock.info import SpecBlockDraftInput
 from sgl_spec.specblock.model import SpecBlockDrafter
+from sgl_spec.specblock.ngram_branch import NgramBranch
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
 from sgl_spec.specblock.tree import accepted_within_budgets
@@ -97,6 +98,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         )
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
+        self.ngram = NgramBranch(settings.ngram) if settings.ngram else None
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
         varied = settings.budget in ("auto", "cycle")
@@ -135,7 +137,11 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         pack_linear_modules(drafter)  # float32 on the CPU: the target's packed kernel
         return drafter
 
-    # ---- entry point -------------------------------------------------------------------------
+    def clear_cache_pool(self) -> None:
+        """``/flush_cache``: the n-gram corpus goes with the prefix cache."""
+        super().clear_cache_pool()
+        if self.ngram is not None:
+            self.ngram.reset()
 
     # ---- prefill -----------------------------------------------------------------------------
 
@@ -221,18 +227,17 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         root_cond = self._catch_up(reqs, seq_lens, state.pending_count, state.root_cond)
         # reading what the drafter skipped while off is the switch's cost, not this budget's
         self.step_excludes(time.perf_counter() - tic_catch_up)
-        drafted, context = self._draft(reqs, seq_lens, root_cond, roots, settings)
-        draft_s = time.perf_counter() - tic
         width = settings.max_nodes
+        depth = min(self.settings.verify_depth, width - 1)  # a tree of `width` nodes is no deeper
+        run_drafter = lambda: self._draft(reqs, seq_lens, root_cond, roots, settings)  # noqa: E731
+        if self.ngram is None:
+            drafted, context = run_drafter()
+        else:
+            drafted, context = self.ngram.draft(batch.reqs, roots, width, depth, run_drafter)
+        draft_s = time.perf_counter() - tic
         dev = self.device
         result, packed = verify_trees(
-            self,
-            batch,
-            drafted.trees,
-            seq_lens_list,
-            width,
-            min(self.settings.verify_depth, width - 1),  # a tree of `width` nodes is no deeper
-            capture_hidden=True,
+            self, batch, drafted.trees, seq_lens_list, width, depth, capture_hidden=True
         )
         accept_lens = result.accept_lens.to(torch.long)  # accepted drafts + 1 (root included)
         hidden = result.logits_output.hidden_states  # accepted path compacted to the front
@@ -252,6 +257,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             **carried,
         )
         paths = accepted_path(result.accept_index, width)
+        if self.ngram is not None:
+            self.ngram.observe(drafted.trees, paths, time.perf_counter() - tic)
         if self.adapter is not None and width > 1:  # nothing drafted, nothing to learn
             self._adapt(batch, seq_lens_list, drafted, paths, path_tokens, hidden, result, width)
         self._observe(drafted, packed.num_nodes, paths, draft_s, tic, k)
@@ -386,5 +393,5 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             bandit = self.adapter.bandit
             self.metrics.set_adaptation(bandit.num_updates, bandit.num_rollbacks)
         if self.stats.steps % LOG_EVERY_STEPS == 0:
-            extra = "" if self.adapter is None else self.adapter.summary()
+            extra = " ".join(x.summary() for x in (self.adapter, self.ngram) if x is not None)
             logger.info(self.stats.summary(extra))

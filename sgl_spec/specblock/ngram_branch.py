@@ -1,0 +1,275 @@
+"""An n-gram branch in SPECBLOCK's draft tree (``--specblock-ngram N``).
+
+SGLang's model-free NGRAM drafts from a trie of the n-grams it has seen (``NgramCorpus``, C++).
+Text that repeats -- code, a model that loops, a prompt the answer quotes -- is where it wins and
+where a small drafter is least sure. Here the same corpus offers a small tree of up to ``N``
+nodes (root included) per request; it is merged into the drafter's tree (a node whose token the
+drafter proposed at the same place is shared, the rest hang off it) and the merged tree is cut to
+the step's node budget as before, so the verify forward keeps its shape.
+
+An n-gram node scores its parent's score plus ``log r``, where ``r`` is the measured rate at
+which n-gram-only nodes were accepted when their parent was (decayed counts, prior 1/2): the cut
+then weighs them against the drafter's nodes by the same measure, cumulative log-probability of
+acceptance. Verification is the target's alone (SGLang's tree verify), so outputs are unchanged.
+
+What the corpus holds: each request's prompt and output, inserted as it goes (every n-gram up to
+the trie depth, from each position once), and kept across requests as NGRAM keeps them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from sgl_spec.specblock.drafting import DraftResult
+from sgl_spec.specblock.ngram_choice import DrafterChoice
+from sgl_spec.specblock.tree import prune_to_budget
+from sgl_spec.verify.tree import DraftTree
+
+logger = logging.getLogger(__name__)
+MAX_TRIE_DEPTH = 18  # SGLang's --speculative-ngram-max-trie-depth default
+CORPUS_CAPACITY = 1_000_000  # trie nodes kept (SGLang's default is 10M; ours shares the host)
+RATE_DECAY = 0.995  # per observed step: the rate follows the last few hundred steps
+
+
+def new_corpus(num_nodes: int) -> Any:
+    """SGLang's n-gram corpus with its default search (BFS, breadth 1..10) for trees of
+    ``num_nodes`` nodes."""
+    from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+
+    return NgramCorpus(
+        max_trie_depth=MAX_TRIE_DEPTH,
+        min_bfs_breadth=1,
+        max_bfs_breadth=10,
+        draft_token_num=num_nodes,
+        match_type="BFS",
+        capacity=CORPUS_CAPACITY,
+    )
+
+
+def mask_parents(mask: np.ndarray) -> np.ndarray:  # [n] parent of each node, -1 for the root
+    """Parents from an ancestor mask (``mask[i, j]``: j is i or an ancestor of i): the nearest
+    ancestor is the largest marked j < i."""
+    n = mask.shape[0]
+    order = np.arange(n)
+    ancestors = mask.astype(bool) & (order[None, :] < order[:, None])
+    return np.where(ancestors.any(-1), (ancestors * order).argmax(-1), -1)
+
+
+def merge_ngram_tree(
+    tree: DraftTree,
+    tokens: Sequence[int],  # n-gram tree, root first
+    parents: Sequence[int],
+    log_rate: float,
+    max_depth: int,
+) -> tuple[list[int], list[int]]:
+    """Add the n-gram tree's nodes to ``tree`` in place (nodes the drafter already proposed at
+    the same place are shared, not added). Returns the nodes it added, and every node of
+    ``tree`` the n-gram tree proposed (shared or added). The corpus pads a short match with
+    token 0 under the root: those are skipped."""
+    if not tokens or int(tokens[0]) != tree.tokens[0]:
+        return [], [0]
+    child = {(tree.parents[i], tree.tokens[i]): i for i in range(1, tree.num_nodes)}
+    placed: list[int | None] = [0]
+    added = []
+    for i in range(1, len(tokens)):
+        p = int(parents[i])
+        at = placed[p] if 0 <= p < i else None
+        token = int(tokens[i])
+        if at is None or (token == 0 and p == 0) or tree.depth[at] >= max_depth:
+            placed.append(None)
+            continue
+        node = child.get((at, token))
+        if node is None:
+            node = tree.add(token, at, log_rate)
+            child[(at, token)] = node
+            added.append(node)
+        placed.append(node)
+    return added, [node for node in placed if node is not None]
+
+
+@dataclass
+class _Merged:
+    """Per request of the last step: the n-gram-only nodes and every n-gram node (indices in
+    the verified tree), and the request's match-depth bucket."""
+
+    added: set[int]
+    proposed: set[int]
+    bucket: int
+
+
+class NgramBranch:
+    """The corpus, what each request has put in it, the n-gram nodes' acceptance rate and the
+    choice of steps without the drafter (``ngram_choice.py``)."""
+
+    def __init__(self, num_nodes: int, corpus: Any = None) -> None:
+        self.num_nodes = num_nodes
+        self.corpus = new_corpus(num_nodes) if corpus is None else corpus
+        self._inserted: dict[str, int] = {}  # rid -> tokens whose n-grams are in the corpus
+        self._last: list[_Merged] = []
+        self._reqs: Sequence[Any] = ()  # the batch of the last step
+        self._skipped = False  # the last step ran without the drafter
+        self._drafting_s = 0.0  # the last step's drafter tree forwards
+        self.choice = DrafterChoice(num_nodes)
+        self.offered = 0.0  # decayed: n-gram-only nodes whose parent was accepted
+        self.accepted = 0.0  # ... and that were accepted themselves
+
+    def reset(self) -> None:
+        """Empty corpus, no request state, no statistics (``/flush_cache``)."""
+        self.corpus.reset()
+        self._inserted.clear()
+        self._last = []
+        self.choice = DrafterChoice(self.num_nodes)
+        self.offered = self.accepted = 0.0
+
+    def summary(self) -> str:
+        """For SPECBLOCK's log line: the n-gram-only nodes' acceptance rate and the steps run
+        without the drafter."""
+        rate = math.exp(self.log_rate)
+        return f"ngram_rate={rate:.2f} steps_without_drafter={self.choice.skipped}"
+
+    @property
+    def log_rate(self) -> float:
+        return math.log((self.accepted + 1.0) / (self.offered + 2.0))
+
+    def _insert(self, reqs: Sequence[Any]) -> None:
+        """Put in the corpus what each request has committed since its last insert (from
+        ``MAX_TRIE_DEPTH - 1`` tokens back, so that every n-gram ending in a new token is in).
+        The insert runs on the corpus's own thread while the step finishes; the next match waits
+        for it. Requests that left the batch lose their match state."""
+        rids = {req.rid for req in reqs}
+        departed = [rid for rid in self._inserted if rid not in rids]
+        for rid in departed:
+            del self._inserted[rid]
+        if departed:
+            self.corpus.erase_match_state(departed)
+        puts = []
+        for req in reqs:
+            prompt, output = req.origin_input_ids_unpadded, req.output_ids
+            total = len(prompt) + len(output)
+            start = max(0, self._inserted.get(req.rid, 0) - (MAX_TRIE_DEPTH - 1))
+            puts.append(_tokens_between(prompt, output, start, total))
+            self._inserted[req.rid] = total
+        self.corpus.batch_put(puts)
+
+    def _match(self, reqs: Sequence[Any]) -> tuple[list[list[int]], list[np.ndarray], list[int]]:
+        """Each request's n-gram tree (tokens, parents) and match-depth bucket."""
+        if any(req.rid not in self._inserted for req in reqs):  # a new request's prompt
+            self._insert(reqs)
+        self.corpus.synchronize()
+        totals, tails = [], []
+        for req in reqs:
+            prompt, output = req.origin_input_ids_unpadded, req.output_ids
+            total = len(prompt) + len(output)
+            totals.append(total)
+            tails.append(_tokens_between(prompt, output, max(0, total - MAX_TRIE_DEPTH), total))
+        ids, masks = self.corpus.batch_get([r.rid for r in reqs], tails, totals)
+        n = self.num_nodes
+        tokens = ids.reshape(len(reqs), n).tolist()
+        masks = masks.reshape(len(reqs), n, n)
+        parents = [mask_parents(m) for m in masks]
+        buckets = [match_depth(t, p) for t, p in zip(tokens, parents, strict=True)]
+        return tokens, parents, buckets
+
+    def draft(
+        self,
+        reqs: Sequence[Any],
+        roots: Sequence[int],
+        max_nodes: int,
+        max_depth: int,
+        run_drafter: Callable[[], tuple[DraftResult, Any]],
+    ) -> tuple[DraftResult, Any]:
+        """The step's trees: the drafter's (``run_drafter``, unless the n-gram trees alone are
+        expected to pay more) merged with the n-gram trees and cut to ``max_nodes``. Any
+        failure of the n-gram side leaves the drafter's trees alone (logged)."""
+        self._reqs = reqs
+        try:
+            tokens, parents, buckets = self._match(reqs)
+        except Exception:
+            logger.exception("SPECBLOCK n-gram branch failed; the drafter's trees alone this step")
+            self._last = []
+            return run_drafter()
+        self._skipped = self.choice.skips(buckets)
+        if self._skipped:
+            drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
+        else:
+            tic = time.perf_counter()
+            drafted, context = run_drafter()
+            self._drafting_s = time.perf_counter() - tic
+        trees, self._last = [], []
+        log_rate = self.log_rate
+        for i, tree in enumerate(drafted.trees):
+            merged = DraftTree(list(tree.tokens), list(tree.parents), list(tree.depth),
+                               list(tree.score))  # fmt: skip
+            added, proposed = merge_ngram_tree(merged, tokens[i], parents[i], log_rate, max_depth)
+            pruned, kept = prune_to_budget(merged, max_nodes)
+            trees.append(pruned)
+            added_set, proposed_set = set(added), set(proposed)
+            self._last.append(
+                _Merged(
+                    {new for new, old in enumerate(kept) if old in added_set},
+                    {new for new, old in enumerate(kept) if old in proposed_set},
+                    buckets[i],
+                )
+            )
+        # the drafter's per-node records (adaptation's) do not describe the merged trees
+        return replace(drafted, trees=trees, node_source=[]), context
+
+    def observe(
+        self, trees: Sequence[DraftTree], paths: Sequence[Sequence[int]], step_s: float
+    ) -> None:
+        """After the verify (``paths``: accepted nodes per request, root first): the n-gram-only
+        nodes' acceptance rate, and the drafter choice's statistics."""
+        if len(self._last) != len(paths):
+            return  # the n-gram side failed this step
+        self._insert(self._reqs)
+        self.offered *= RATE_DECAY
+        self.accepted *= RATE_DECAY
+        for tree, path, last in zip(trees, paths, self._last, strict=True):
+            on_path = set(path)
+            for node in last.added:
+                if tree.parents[node] in on_path:
+                    self.offered += 1.0
+                    self.accepted += float(node in on_path)
+        self.choice.observe(
+            [last.bucket for last in self._last],
+            self._skipped,
+            [len(path) - 1 for path in paths],
+            [_leading(path, last.proposed) for path, last in zip(paths, self._last, strict=True)],
+            step_s,
+            self._drafting_s,
+        )
+
+
+def match_depth(tokens: Sequence[int], parents: Sequence[int]) -> int:
+    """Depth of the n-gram tree's deepest real node (padding: token 0 under the root)."""
+    depth = [0] * len(tokens)
+    for i in range(1, len(tokens)):
+        p = int(parents[i])
+        if p < 0 or (p == 0 and int(tokens[i]) == 0) or (p > 0 and depth[p] == 0):
+            continue
+        depth[i] = depth[p] + 1
+    return max(depth)
+
+
+def _leading(path: Sequence[int], nodes: set[int]) -> int:
+    """How many of ``path``'s drafts (after the root) lead it inside ``nodes``."""
+    count = 0
+    for node in path[1:]:
+        if node not in nodes:
+            break
+        count += 1
+    return count
+
+
+def _tokens_between(prompt: Sequence[int], output: Sequence[int], start: int, stop: int):
+    """Tokens ``start .. stop-1`` of prompt + output, without joining the two whole."""
+    n = len(prompt)
+    head = list(prompt[start:stop]) if start < n else []
+    return head + list(output[max(0, start - n) : max(0, stop - n)])

@@ -8,6 +8,7 @@ drafts for them. A mixin of ``worker.SpecBlockWorker``, which holds the drafter 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -177,9 +178,12 @@ class DrafterFollowing:
         hidden: torch.Tensor,  # [bs * width, ...] target features, accepted path first
         path_tokens: torch.Tensor,  # [bs, width] accepted path tokens, root first
         context: PrefixContext | None = None,  # the drafting's context, if it drafted
+        deferred: Any = None,  # the step's SpecBlockDraftInput: read later (``_defer_follow``)
     ) -> dict:
         """After a drafting step's verify: the drafter reads the committed tokens (one extend).
         Returns the drafter fields of the next ``SpecBlockDraftInput``."""
+        if deferred is not None:
+            return self._defer_follow(reqs, seq_lens, accept_lens, hidden, path_tokens, deferred)
         bs, width = path_tokens.shape
         features = self._features(hidden[: bs * width])
         carried = self._no_pending(bs)
@@ -196,6 +200,25 @@ class DrafterFollowing:
             store_rows=self._rows is not None,
         )
         return carried
+
+    def _defer_follow(
+        self,
+        reqs: torch.Tensor,  # [bs]
+        seq_lens: torch.Tensor,  # [bs] committed before this step
+        accept_lens: torch.Tensor,  # [bs] accepted drafts + 1
+        hidden: torch.Tensor,  # [bs * width, ...] target features, accepted path first
+        path_tokens: torch.Tensor,  # [bs, width] accepted path tokens, root first
+        state: Any,  # the step's SpecBlockDraftInput (the drafter's unread tokens before it)
+    ) -> dict:
+        """After a verify of trees the drafter did not grow (``ngram_branch``): the accepted
+        tokens' rows are kept, and the next step that drafts reads them with the others unread
+        (``_catch_up``), instead of an extend now. Returns the next input's drafter fields."""
+        bs, width = path_tokens.shape
+        keep = torch.arange(width, device=self.device)[None, :] < accept_lens[:, None]
+        rows = self._features(hidden[: bs * width][keep.reshape(-1)])
+        self._store_committed(reqs, seq_lens, accept_lens, rows, path_tokens[keep])
+        pending = state.pending_count.to(torch.int64) + accept_lens.to(torch.int64)
+        return {"root_cond": state.root_cond, "pending_count": pending}
 
     def _store_committed(
         self,

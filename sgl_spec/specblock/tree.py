@@ -187,6 +187,28 @@ def accepted_within_budgets(
     return [sum(1 for r in ranks if r < budget - 1) for budget in budgets]
 
 
+def observed_budgets(
+    trees: Sequence[DraftTree],
+    paths: Sequence[Sequence[int]],
+    budgets: Sequence[int],
+    k: int,
+    num_accepted: list[int],
+) -> dict[int, list[int]]:
+    """The accepted drafts per request at setting k (``budgets[k]`` nodes), and at each smaller
+    budget but 1 as if the step had verified only the best-scoring nodes of its trees
+    (``accepted_within_budgets``): the controller then learns the budgets' ratios on the same
+    steps, not on probes of a few steps each at different times (where one noisy probe could
+    pin a smaller budget for good)."""
+    smaller = budgets[1:k]
+    per_request = [
+        accepted_within_budgets(tree, path, smaller)
+        for tree, path in zip(trees, paths, strict=True)
+    ]
+    observed = {j + 1: [counts[j] for counts in per_request] for j in range(len(smaller))}
+    observed[k] = num_accepted
+    return observed
+
+
 def prune_to_budget(tree: DraftTree, max_nodes: int) -> tuple[DraftTree, list[int]]:
     """Keep the root and the ``max_nodes - 1`` best-scoring nodes; returns the pruned tree and
     the old index of each kept node (creation order, so parents still precede children)."""

@@ -54,7 +54,7 @@ from sgl_spec.specblock.model import SpecBlockDrafter
 from sgl_spec.specblock.ngram_branch import NgramBranch
 from sgl_spec.specblock.settings import SpecBlockSettings, check_target_fit, drafter_dtype
 from sgl_spec.specblock.stats import SpecBlockStats, offered_depth
-from sgl_spec.specblock.tree import accepted_within_budgets
+from sgl_spec.specblock.tree import observed_budgets
 from sgl_spec.verify.packing import accepted_path
 from sgl_spec.verify.tree import DraftTree
 
@@ -98,7 +98,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         )
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
-        self.ngram = NgramBranch(settings.ngram) if settings.ngram else None
+        self.ngram = NgramBranch(settings.ngram) if settings.ngram else None  # --specblock-ngram
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
         varied = settings.budget in ("auto", "cycle")
@@ -223,19 +223,14 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         settings = self._budget_settings[k]
         if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
             return self._forward_plain(batch, state, tic, k)
-        tic_catch_up = time.perf_counter()
-        root_cond = self._catch_up(reqs, seq_lens, state.pending_count, state.root_cond)
-        # reading what the drafter skipped while off is the switch's cost, not this budget's
-        self.step_excludes(time.perf_counter() - tic_catch_up)
         width = settings.max_nodes
         depth = min(self.settings.verify_depth, width - 1)  # a tree of `width` nodes is no deeper
-        run_drafter = lambda: self._draft(reqs, seq_lens, root_cond, roots, settings)  # noqa: E731
-        if self.ngram is None:
-            drafted, context = run_drafter()
-        else:
-            drafted, context = self.ngram.draft(batch.reqs, roots, width, depth, run_drafter)
+        run_drafter = lambda: self._catch_up_and_draft(reqs, seq_lens, state, roots, settings)  # noqa: E731
+        drafted, context = (
+            run_drafter() if self.ngram is None
+            else self.ngram.draft(batch.reqs, roots, width, depth, run_drafter)
+        )  # fmt: skip
         draft_s = time.perf_counter() - tic
-        dev = self.device
         result, packed = verify_trees(
             self, batch, drafted.trees, seq_lens_list, width, depth, capture_hidden=True
         )
@@ -245,16 +240,18 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         tic_extend = time.perf_counter()
         bs = len(roots)
         accept_index = result.accept_index.to(torch.long)[:, :width]  # [bs, <= width]
-        path_tokens = torch.zeros(bs, width, dtype=torch.long, device=dev)
-        path_tokens[:, : accept_index.shape[1]] = packed.draft_tokens.to(dev)[
+        path_tokens = torch.zeros(bs, width, dtype=torch.long, device=self.device)
+        path_tokens[:, : accept_index.shape[1]] = packed.draft_tokens.to(self.device)[
             accept_index.clamp(min=0)
         ]
-        carried = self._follow(reqs, seq_lens, accept_lens, hidden, path_tokens, context)
+        # the n-gram trees alone were verified: the drafter reads this step's tokens later
+        deferred = self.ngram is not None and self.ngram.skipped and self._rows is not None
+        carried = self._follow(reqs, seq_lens, accept_lens, hidden, path_tokens, context,
+                               state if deferred else None)  # fmt: skip
         draft_s += time.perf_counter() - tic_extend
+        bonus = result.next_draft_input.bonus_tokens.to(torch.int64)
         result.next_draft_input = SpecBlockDraftInput(
-            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
-            new_seq_lens=result.new_seq_lens,
-            **carried,
+            bonus_tokens=bonus, new_seq_lens=result.new_seq_lens, **carried
         )
         paths = accepted_path(result.accept_index, width)
         if self.ngram is not None:
@@ -300,22 +297,6 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._last_batch_size = len(seq_lens)
         return k
 
-    def _observed_budgets(
-        self, drafted: DraftResult, paths: list[list[int]], k: int, num_accepted: list[int]
-    ) -> dict[int, list[int]]:
-        """The accepted drafts per request at setting k, and at each smaller budget as if the
-        step had verified only the best-scoring nodes of its trees (``accepted_within_budgets``):
-        the budgets' ratios are then learnt on the same steps, not on probes of a few steps
-        each at different times (where one noisy probe could pin a smaller budget for good)."""
-        smaller = self.budgets[1:k]
-        per_request = [
-            accepted_within_budgets(tree, path, smaller)
-            for tree, path in zip(drafted.trees, paths, strict=True)
-        ]
-        observed = {j + 1: [counts[j] for counts in per_request] for j in range(len(smaller))}
-        observed[k] = num_accepted
-        return observed
-
     def _adapt(self, batch, seq_lens, drafted, paths, path_tokens, hidden, result, width) -> None:
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
         later drafts, and a failure in it is logged, never raised."""
@@ -339,6 +320,14 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             )
         except Exception:
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
+
+    def _catch_up_and_draft(self, reqs, seq_lens, state, roots, settings: DraftSettings):
+        """The drafter reads the tokens it has not (``_catch_up``), then grows the trees."""
+        tic = time.perf_counter()
+        root_cond = self._catch_up(reqs, seq_lens, state.pending_count, state.root_cond)
+        # reading what the drafter skipped while off is the switch's cost, not this budget's
+        self.step_excludes(time.perf_counter() - tic)
+        return self._draft(reqs, seq_lens, root_cond, roots, settings)
 
     def _draft(
         self, reqs, seq_lens, root_cond, roots, settings: DraftSettings
@@ -385,7 +374,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             self.metrics.observe_k(self.budgets[k] - 1)
         if self.controller is not None:
             self.controller.observe_settings(
-                self._observed_budgets(drafted, paths, k, num_accepted)
+                observed_budgets(drafted.trees, paths, self.budgets, k, num_accepted)
             )
             realised = 1 + sum(num_accepted) / max(len(num_accepted), 1)
             self.metrics.observe_prediction(self._decision.lam, realised)

@@ -35,10 +35,6 @@ from sgl_spec.verify.tree import DraftTree
 logger = logging.getLogger(__name__)
 MAX_TRIE_DEPTH = 18  # SGLang's --speculative-ngram-max-trie-depth default
 CORPUS_CAPACITY = 1_000_000  # trie nodes kept (SGLang's default is 10M; ours shares the host)
-# An n-gram node widens the verify beyond the drafter's tree only where it is more likely
-# accepted than not; others only replace the drafter's less likely nodes (a verified node costs
-# about as much whoever proposed it).
-LIKELY_LOGPROB = math.log(0.5)
 RATE_DECAY = 0.995  # per observed step: the rate follows the last few hundred steps
 
 
@@ -217,8 +213,7 @@ class NgramBranch:
             merged = DraftTree(list(tree.tokens), list(tree.parents), list(tree.depth),
                                list(tree.score))  # fmt: skip
             added, proposed = merge_ngram_tree(merged, tokens[i], parents[i], log_rate, max_depth)
-            likely = sum(1 for node in added if merged.score[node] >= LIKELY_LOGPROB)
-            pruned, kept = prune_to_budget(merged, min(max_nodes, tree.num_nodes + likely))
+            pruned, kept = prune_to_budget(merged, max_nodes)
             trees.append(pruned)
             added_set, proposed_set = set(added), set(proposed)
             self._last.append(

@@ -18,6 +18,8 @@ depend on the drafter's quality.
     tree, drafted from the prefill), on a server whose node budget changes every step
     (``--specblock-budget cycle``: 1 to 16 nodes, the root alone included). Pearson chi-square with a simulated null, alpha = 1e-4
     (false-positive rate 0.01% per run), the method of ``test_lossless_standalone.py``.
+(d) the n-gram branch (``--specblock-ngram``): greedy and the same sampling law with SGLang's
+    n-gram corpus drafts merged into the trees, budgets cycling.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ def servers(tiny_models, drafter, tmp_path_factory):
             "specblock_adapt": adapt,
             "specblock_cycle": _specblock_args(tiny_models["target"], drafter, budget="cycle"),
             "specblock_auto": _specblock_args(tiny_models["target"], drafter, budget="auto"),
+            # the drafter's trees merged with SGLang's n-gram corpus drafts, every budget in turn
+            "specblock_ngram": [
+                *_specblock_args(tiny_models["target"], drafter, budget="cycle"),
+                "--specblock-ngram",
+                "8",
+            ],
             # every budget's tree verify and the plain decode compiled at start-up for the
             # batch sizes of assert_greedy_under_concurrent_load
             "specblock_compiled": [
@@ -189,6 +197,35 @@ def test_greedy_equals_baseline_with_controller_budgets(servers, baseline_greedy
     for name in ("sglang:spec_predicted_accept_length", "sglang:spec_realised_accept_length"):
         assert total(samples, name, algorithm="SPECBLOCK") >= 1.0, name
     assert any("pred/real tokens" in x for x in decode_log_suffixes(server, "SPECBLOCK"))
+
+
+def test_greedy_equals_baseline_with_ngram_branch(servers, baseline_greedy) -> None:
+    """``--specblock-ngram 8``: the n-gram corpus's trees merged into the drafter's (and steps
+    that verify them alone, where the branch expects those to pay more) serve the baseline's
+    tokens; twice, the second time with every prompt and output already in the corpus."""
+    server = servers("specblock_ngram")
+    for _ in range(2):
+        accept = assert_greedy_under_concurrent_load(server, baseline_greedy)
+        assert accept > 1.1, f"trees are rarely accepted: {accept}"
+    lines = [x for x in server.tail(4000).splitlines() if "SPECBLOCK: steps=" in x]
+    assert lines and "ngram_rate=" in lines[-1], server.tail()
+    failures = [x for x in server.tail(4000).splitlines() if "n-gram branch failed" in x]
+    assert not failures, "\n".join(failures)
+
+
+def test_sampling_matches_target_with_ngram_branch(servers, tiny_models) -> None:
+    """The same law as ``test_sampling_matches_target`` with n-gram nodes in the trees: the
+    verify is the target's alone, whoever proposed the nodes."""
+    law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
+    assert_speculative_sampling_law(
+        servers("specblock_ngram"),
+        SAMPLING_PROMPT_IDS,
+        law,
+        temperature=TEMPERATURE,
+        num_samples=NUM_SAMPLES,
+        alpha=ALPHA,
+        min_cells=10,
+    )
 
 
 def _adapt_counts(server: Server) -> list[int]:

@@ -1,0 +1,146 @@
+"""SPECBLOCK's n-gram branch (``specblock/ngram_branch.py``, ``ngram_choice.py``): the corpus's
+trees merged into the drafter's, the cut to the node budget, and when a step skips the drafter."""
+
+from __future__ import annotations
+
+import math
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sgl_spec.specblock.drafting import DraftResult
+from sgl_spec.specblock.ngram_branch import (
+    NgramBranch,
+    mask_parents,
+    match_depth,
+    merge_ngram_tree,
+)
+from sgl_spec.specblock.ngram_choice import EXPLORE_EVERY, DrafterChoice
+from sgl_spec.verify.tree import DraftTree, ancestor_mask
+
+
+def _mask(parents: list[int]) -> np.ndarray:
+    return ancestor_mask(parents).numpy().astype(np.int64)
+
+
+def test_mask_parents_inverts_the_ancestor_mask() -> None:
+    parents = [-1, 0, 1, 0, 3, 3, 1]
+    assert mask_parents(_mask(parents)).tolist() == parents
+
+
+def test_merge_shares_the_drafters_nodes_and_adds_the_rest() -> None:
+    tree = DraftTree.chain(5, [6, 7])  # 5 -> 6 -> 7
+    tree.score = [0.0, -0.1, -0.3]
+    # n-gram tree: 5 -> 6 -> 9, 5 -> 8, and padding (token 0 under the root)
+    added, proposed = merge_ngram_tree(tree, [5, 6, 9, 8, 0], [-1, 0, 1, 0, 0], math.log(0.5), 7)
+    assert tree.tokens == [5, 6, 7, 9, 8]
+    assert tree.parents == [-1, 0, 1, 1, 0]
+    assert added == [3, 4]
+    assert sorted(proposed) == [0, 1, 3, 4]
+    assert tree.score[3] == pytest.approx(-0.1 + math.log(0.5))  # parent's score + log rate
+    assert tree.score[4] == pytest.approx(math.log(0.5))
+
+
+def test_merge_keeps_the_depth_bound_and_needs_the_same_root() -> None:
+    tree = DraftTree.rooted_at(5)
+    added, _ = merge_ngram_tree(tree, [5, 1, 2, 3], [-1, 0, 1, 2], -1.0, 2)
+    assert tree.tokens == [5, 1, 2] and added == [1, 2]  # the node at depth 3 is not added
+    other = DraftTree.rooted_at(4)
+    assert merge_ngram_tree(other, [5, 1], [-1, 0], -1.0, 7) == ([], [0])
+    assert other.num_nodes == 1
+
+
+def test_match_depth_ignores_padding() -> None:
+    assert match_depth([9, 0, 0, 0], [-1, 0, 0, 0]) == 0
+    assert match_depth([9, 4, 5, 0], [-1, 0, 1, 0]) == 2
+    assert match_depth([9, 4, 5, 6], [-1, 0, 0, 2]) == 2
+
+
+def _req(rid: str, prompt: list[int], output: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(rid=rid, origin_input_ids_unpadded=prompt, output_ids=output)
+
+
+def test_branch_drafts_from_the_prompt_and_cuts_to_the_budget() -> None:
+    """With SGLang's corpus: a prompt that repeats yields its continuation under the root; the
+    merged tree holds at most the budget's nodes, shared with the drafter's where they agree."""
+    branch = NgramBranch(6)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 11, 12]
+    req = _req("a", prompt, [])
+    drafter_tree = DraftTree.chain(12, [13, 99])
+    drafter_tree.score = [0.0, -0.2, -0.4]
+    drafted, context = branch.draft(
+        [req], [12], 4, 7, lambda: (DraftResult([drafter_tree], 2), "ctx")
+    )
+    assert context == "ctx" and not branch.skipped
+    (tree,) = drafted.trees
+    assert tree.num_nodes <= 4
+    assert tree.tokens[:3] == [12, 13, 99]  # the drafter's nodes, 13 shared with the n-grams
+    assert 14 in tree.tokens  # the prompt's continuation after 12, 13
+    # the verify accepted 12 -> 13 -> 14: the n-gram node counts as offered and accepted
+    path = [0, 1, tree.tokens.index(14)]
+    branch.observe(drafted.trees, [path], 0.01)
+    assert branch.accepted > 0 and branch.offered > 0
+    assert drafted.node_source == []  # the drafter's per-node records no longer apply
+
+
+def test_branch_failure_leaves_the_drafters_trees() -> None:
+    class Broken:
+        def synchronize(self):
+            raise RuntimeError("corpus down")
+
+        def batch_put(self, tokens):
+            pass
+
+        def erase_match_state(self, rids):
+            pass
+
+    branch = NgramBranch(4, corpus=Broken())
+    tree = DraftTree.chain(3, [4])
+    drafted, _ = branch.draft(
+        [_req("a", [1, 2, 3], [])], [3], 4, 3, lambda: (DraftResult([tree], 1), None)
+    )
+    assert drafted.trees == [tree] and not branch.skipped
+    branch.observe(drafted.trees, [[0, 1]], 0.01)  # nothing recorded, no error
+
+
+def _fill(
+    choice: DrafterChoice, bucket: int, merged: int, ngram: int, step_s: float, draft_s: float
+):
+    for _ in range(5):
+        choice.observe([bucket], False, [merged], [ngram], step_s, draft_s)
+
+
+def test_choice_skips_the_drafter_only_where_the_ngrams_pay_more() -> None:
+    choice = DrafterChoice(4)
+    assert not choice.skips([3])  # nothing measured: draft
+    # deep matches: the n-grams alone hold what the merged trees accept, at 60% of the time
+    _fill(choice, 3, merged=4, ngram=4, step_s=0.010, draft_s=0.004)
+    # shallow matches: the drafter's nodes carry the step
+    _fill(choice, 1, merged=4, ngram=1, step_s=0.010, draft_s=0.004)
+    assert not choice.skips([1])
+    assert not choice.skips([3, 3])  # another batch size: its times are not measured yet
+    decisions = [choice.skips([3]) for _ in range(2 * EXPLORE_EVERY)]
+    # skips, but every EXPLORE_EVERY-th time drafts to keep the merged figures current
+    assert decisions.count(False) == 2 and decisions.count(True) == 2 * EXPLORE_EVERY - 2
+    # a measured step without the drafter that costs as much as a merged one ends the skipping
+    for _ in range(20):
+        choice.observe([3], True, [3], [3], 0.011, 0.0)
+    assert not choice.skips([3])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"specblock_ngram": 1}, "0 (off) or >= 2"),
+        ({"specblock_ngram": 8, "specblock_adapt": True}, "drop one"),
+    ],
+)
+def test_bad_ngram_flags_are_refused(fields: dict, message: str) -> None:
+    from sgl_spec.flags import ConfigError
+    from sgl_spec.specblock.flags import SpecBlockFlags
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SpecBlockFlags(**fields).validate()
+    SpecBlockFlags(specblock_ngram=8).validate()  # on its own: fine

@@ -8,9 +8,12 @@ drafter proposed at the same place is shared, the rest hang off it) and the merg
 the step's node budget as before, so the verify forward keeps its shape.
 
 An n-gram node scores its parent's score plus ``log r``, where ``r`` is the measured rate at
-which n-gram-only nodes were accepted when their parent was (decayed counts, prior 1/2): the cut
-then weighs them against the drafter's nodes by the same measure, cumulative log-probability of
-acceptance. Verification is the target's alone (SGLang's tree verify), so outputs are unchanged.
+which n-gram-only nodes were accepted when their parent was, for matches as deep as this
+request's (decayed counts, prior 1/2): the cut then weighs them against the drafter's nodes by
+the same measure, cumulative log-probability of acceptance. A step may also verify the n-gram
+trees alone, without the drafter's tree forwards, where that is expected to commit more tokens
+per second (``ngram_choice.py``); the drafter then reads those tokens at its next drafting
+step. Verification is the target's alone (SGLang's tree verify), so outputs are unchanged.
 
 What the corpus holds: each request's prompt and output, inserted as it goes (every n-gram up to
 the trie depth, from each position once), and kept across requests as NGRAM keeps them.
@@ -68,13 +71,12 @@ def merge_ngram_tree(
     parents: Sequence[int],
     log_rate: float,
     max_depth: int,
-) -> tuple[list[int], list[int]]:
+) -> list[int]:
     """Add the n-gram tree's nodes to ``tree`` in place (nodes the drafter already proposed at
-    the same place are shared, not added). Returns the nodes it added, and every node of
-    ``tree`` the n-gram tree proposed (shared or added). The corpus pads a short match with
-    token 0 under the root: those are skipped."""
+    the same place are shared, not added); returns the nodes it added. The corpus pads a short
+    match with token 0 under the root: those are skipped."""
     if not tokens or int(tokens[0]) != tree.tokens[0]:
-        return [], [0]
+        return []
     child = {(tree.parents[i], tree.tokens[i]): i for i in range(1, tree.num_nodes)}
     placed: list[int | None] = [0]
     added = []
@@ -91,16 +93,35 @@ def merge_ngram_tree(
             child[(at, token)] = node
             added.append(node)
         placed.append(node)
-    return added, [node for node in placed if node is not None]
+    return added
+
+
+def ngram_holds(tokens: Sequence[int], parents: Sequence[int], drafts: Sequence[int]) -> int:
+    """How many of ``drafts`` (an accepted path's tokens after the root) the n-gram tree holds
+    as a chain from its root: what a step verifying that tree alone would have accepted
+    (greedy; padding nodes hold nothing)."""
+    children = {
+        (int(parents[i]), int(tokens[i])): i
+        for i in range(1, len(tokens))
+        if not (int(parents[i]) == 0 and int(tokens[i]) == 0)
+    }
+    at = count = 0
+    for token in drafts:
+        at = children.get((at, int(token)))
+        if at is None:
+            break
+        count += 1
+    return count
 
 
 @dataclass
 class _Merged:
-    """Per request of the last step: the n-gram-only nodes and every n-gram node (indices in
-    the verified tree), and the request's match-depth bucket."""
+    """Per request of the last step: its n-gram-only nodes (indices in the verified tree), its
+    n-gram tree, and its match-depth bucket."""
 
     added: set[int]
-    proposed: set[int]
+    tokens: list[int]
+    parents: list[int]
     bucket: int
 
 
@@ -117,8 +138,10 @@ class NgramBranch:
         self._skipped = False  # the last step ran without the drafter
         self._drafting_s = 0.0  # the last step's drafter tree forwards
         self.choice = DrafterChoice(num_nodes)
-        self.offered = 0.0  # decayed: n-gram-only nodes whose parent was accepted
-        self.accepted = 0.0  # ... and that were accepted themselves
+        # per match-depth bucket, decayed: n-gram-only nodes whose parent was accepted, and
+        # those accepted themselves
+        self.offered = [0.0] * num_nodes
+        self.accepted = [0.0] * num_nodes
 
     def reset(self) -> None:
         """Empty corpus, no request state, no statistics (``/flush_cache``)."""
@@ -126,7 +149,8 @@ class NgramBranch:
         self._inserted.clear()
         self._last = []
         self.choice = DrafterChoice(self.num_nodes)
-        self.offered = self.accepted = 0.0
+        self.offered = [0.0] * self.num_nodes
+        self.accepted = [0.0] * self.num_nodes
 
     @property
     def skipped(self) -> bool:
@@ -136,12 +160,13 @@ class NgramBranch:
     def summary(self) -> str:
         """For SPECBLOCK's log line: the n-gram-only nodes' acceptance rate and the steps run
         without the drafter."""
-        rate = math.exp(self.log_rate)
+        rate = (sum(self.accepted) + 1.0) / (sum(self.offered) + 2.0)
         return f"ngram_rate={rate:.2f} steps_without_drafter={self.choice.skipped}"
 
-    @property
-    def log_rate(self) -> float:
-        return math.log((self.accepted + 1.0) / (self.offered + 2.0))
+    def log_rate(self, bucket: int) -> float:
+        """Log of the rate at which n-gram-only nodes of matches this deep were accepted when
+        their parent was (prior 1/2)."""
+        return math.log((self.accepted[bucket] + 1.0) / (self.offered[bucket] + 2.0))
 
     def _insert(self, reqs: Sequence[Any]) -> None:
         """Put in the corpus what each request has committed since its last insert (from
@@ -208,18 +233,18 @@ class NgramBranch:
             drafted, context = run_drafter()
             self._drafting_s = time.perf_counter() - tic
         trees, self._last = [], []
-        log_rate = self.log_rate
         for i, tree in enumerate(drafted.trees):
             merged = DraftTree(list(tree.tokens), list(tree.parents), list(tree.depth),
                                list(tree.score))  # fmt: skip
-            added, proposed = merge_ngram_tree(merged, tokens[i], parents[i], log_rate, max_depth)
+            log_rate = self.log_rate(buckets[i])
+            added = set(merge_ngram_tree(merged, tokens[i], parents[i], log_rate, max_depth))
             pruned, kept = prune_to_budget(merged, max_nodes)
             trees.append(pruned)
-            added_set, proposed_set = set(added), set(proposed)
             self._last.append(
                 _Merged(
-                    {new for new, old in enumerate(kept) if old in added_set},
-                    {new for new, old in enumerate(kept) if old in proposed_set},
+                    {new for new, old in enumerate(kept) if old in added},
+                    tokens[i],
+                    [int(p) for p in parents[i]],
                     buckets[i],
                 )
             )
@@ -234,19 +259,22 @@ class NgramBranch:
         if len(self._last) != len(paths):
             return  # the n-gram side failed this step
         self._insert(self._reqs)
-        self.offered *= RATE_DECAY
-        self.accepted *= RATE_DECAY
         for tree, path, last in zip(trees, paths, self._last, strict=True):
-            on_path = set(path)
+            on_path, b = set(path), last.bucket
+            self.offered[b] *= RATE_DECAY
+            self.accepted[b] *= RATE_DECAY
             for node in last.added:
                 if tree.parents[node] in on_path:
-                    self.offered += 1.0
-                    self.accepted += float(node in on_path)
+                    self.offered[b] += 1.0
+                    self.accepted[b] += float(node in on_path)
         self.choice.observe(
             [last.bucket for last in self._last],
             self._skipped,
             [len(path) - 1 for path in paths],
-            [_leading(path, last.proposed) for path, last in zip(paths, self._last, strict=True)],
+            [
+                ngram_holds(last.tokens, last.parents, [tree.tokens[n] for n in path[1:]])
+                for tree, path, last in zip(trees, paths, self._last, strict=True)
+            ],
             step_s,
             self._drafting_s,
         )
@@ -261,16 +289,6 @@ def match_depth(tokens: Sequence[int], parents: Sequence[int]) -> int:
             continue
         depth[i] = depth[p] + 1
     return max(depth)
-
-
-def _leading(path: Sequence[int], nodes: set[int]) -> int:
-    """How many of ``path``'s drafts (after the root) lead it inside ``nodes``."""
-    count = 0
-    for node in path[1:]:
-        if node not in nodes:
-            break
-        count += 1
-    return count
 
 
 def _tokens_between(prompt: Sequence[int], output: Sequence[int], start: int, stop: int):

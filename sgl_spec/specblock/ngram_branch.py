@@ -38,7 +38,12 @@ from sgl_spec.verify.tree import DraftTree
 logger = logging.getLogger(__name__)
 MAX_TRIE_DEPTH = 18  # SGLang's --speculative-ngram-max-trie-depth default
 CORPUS_CAPACITY = 1_000_000  # trie nodes kept (SGLang's default is 10M; ours shares the host)
-RATE_DECAY = 0.995  # per observed step: the rate follows the last few hundred steps
+RATE_DECAY = 0.995  # per request-step observed in a bucket: the last few hundred count
+
+
+def is_padding(parent: int, token: int) -> bool:
+    """The corpus pads a short match with token 0 under the root."""
+    return parent == 0 and token == 0
 
 
 def new_corpus(num_nodes: int) -> Any:
@@ -74,7 +79,7 @@ def merge_ngram_tree(
 ) -> list[int]:
     """Add the n-gram tree's nodes to ``tree`` in place (nodes the drafter already proposed at
     the same place are shared, not added); returns the nodes it added. The corpus pads a short
-    match with token 0 under the root: those are skipped."""
+    match (``is_padding``): those are skipped."""
     if not tokens or int(tokens[0]) != tree.tokens[0]:
         return []
     child = {(tree.parents[i], tree.tokens[i]): i for i in range(1, tree.num_nodes)}
@@ -84,7 +89,7 @@ def merge_ngram_tree(
         p = int(parents[i])
         at = placed[p] if 0 <= p < i else None
         token = int(tokens[i])
-        if at is None or (token == 0 and p == 0) or tree.depth[at] >= max_depth:
+        if at is None or is_padding(p, token) or tree.depth[at] >= max_depth:
             placed.append(None)
             continue
         node = child.get((at, token))
@@ -101,13 +106,13 @@ def ngram_holds(tokens: Sequence[int], parents: Sequence[int], drafts: Sequence[
     as a chain from its root: what a step verifying that tree alone would have accepted
     (greedy; padding nodes hold nothing)."""
     children = {
-        (int(parents[i]), int(tokens[i])): i
+        (parents[i], tokens[i]): i
         for i in range(1, len(tokens))
-        if not (int(parents[i]) == 0 and int(tokens[i]) == 0)
+        if not is_padding(parents[i], tokens[i])
     }
     at = count = 0
     for token in drafts:
-        at = children.get((at, int(token)))
+        at = children.get((at, token))
         if at is None:
             break
         count += 1
@@ -188,7 +193,7 @@ class NgramBranch:
             self._inserted[req.rid] = total
         self.corpus.batch_put(puts)
 
-    def _match(self, reqs: Sequence[Any]) -> tuple[list[list[int]], list[np.ndarray], list[int]]:
+    def _match(self, reqs: Sequence[Any]) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """Each request's n-gram tree (tokens, parents) and match-depth bucket."""
         if any(req.rid not in self._inserted for req in reqs):  # a new request's prompt
             self._insert(reqs)
@@ -203,7 +208,7 @@ class NgramBranch:
         n = self.num_nodes
         tokens = ids.reshape(len(reqs), n).tolist()
         masks = masks.reshape(len(reqs), n, n)
-        parents = [mask_parents(m) for m in masks]
+        parents = [mask_parents(m).tolist() for m in masks]
         buckets = [match_depth(t, p) for t, p in zip(tokens, parents, strict=True)]
         return tokens, parents, buckets
 
@@ -244,7 +249,7 @@ class NgramBranch:
                 _Merged(
                     {new for new, old in enumerate(kept) if old in added},
                     tokens[i],
-                    [int(p) for p in parents[i]],
+                    parents[i],
                     buckets[i],
                 )
             )
@@ -281,11 +286,11 @@ class NgramBranch:
 
 
 def match_depth(tokens: Sequence[int], parents: Sequence[int]) -> int:
-    """Depth of the n-gram tree's deepest real node (padding: token 0 under the root)."""
+    """Depth of the n-gram tree's deepest real node (``is_padding`` nodes are not)."""
     depth = [0] * len(tokens)
     for i in range(1, len(tokens)):
         p = int(parents[i])
-        if p < 0 or (p == 0 and int(tokens[i]) == 0) or (p > 0 and depth[p] == 0):
+        if p < 0 or is_padding(p, int(tokens[i])) or (p > 0 and depth[p] == 0):
             continue
         depth[i] = depth[p] + 1
     return max(depth)

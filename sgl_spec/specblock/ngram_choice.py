@@ -1,13 +1,13 @@
 """Whether a SPECBLOCK step with an n-gram branch runs the drafter at all (``ngram_branch.py``).
 
 Where the corpus matches deeply, its tree alone may accept about as much as the drafter's tree
-merged with it, and a step without the drafter's tree forwards costs less (the drafter still
-reads the accepted tokens after the verify). Per step the choice maximises expected tokens per
+merged with it, and a step without the drafter's tree forwards costs less (the drafter reads
+its tokens later, with the next drafting step's). Per step the choice maximises expected tokens per
 second from what merged steps measure, with nothing assumed per host:
 
 - per request, the *match depth* of its n-gram tree (0: no match) buckets the statistics;
 - a merged step shows, per request, how many drafts it accepted, and how many of those the
-  n-gram nodes alone held (the accepted path's leading nodes that the n-gram tree proposed);
+  n-gram tree alone held (the accepted tokens walked down it from its root, ``ngram_holds``);
   a step without the drafter shows the second directly;
 - the step time of each kind, per batch size (a step without the drafter is predicted as a
   merged step less its drafting until one is measured).

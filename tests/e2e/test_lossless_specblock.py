@@ -157,13 +157,11 @@ def test_budget_switches_every_step_when_cycling(servers) -> None:
     assert all(b > a for a, b in zip([0.0, *below], below, strict=False)), below
 
 
-def test_sampling_matches_target(servers, tiny_models) -> None:
-    """On the cycling server: each batch's first decode step (tokens 2-3) runs another node
-    budget, the root alone (no drafts) included, and a request's tokens 2 and 3 may come from
-    steps of different budgets."""
+def _assert_sampling_law(server: Server, tiny_models) -> None:
+    """The joint law of completion tokens 1-3 at temperature 1 is the target's (module doc)."""
     law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
     assert_speculative_sampling_law(
-        servers("specblock_cycle"),
+        server,
         SAMPLING_PROMPT_IDS,
         law,
         temperature=TEMPERATURE,
@@ -171,6 +169,13 @@ def test_sampling_matches_target(servers, tiny_models) -> None:
         alpha=ALPHA,
         min_cells=10,
     )
+
+
+def test_sampling_matches_target(servers, tiny_models) -> None:
+    """On the cycling server: each batch's first decode step (tokens 2-3) runs another node
+    budget, the root alone (no drafts) included, and a request's tokens 2 and 3 may come from
+    steps of different budgets."""
+    _assert_sampling_law(servers("specblock_cycle"), tiny_models)
 
 
 def test_compiled_greedy_equals_baseline(servers, baseline_greedy) -> None:
@@ -216,16 +221,7 @@ def test_greedy_equals_baseline_with_ngram_branch(servers, baseline_greedy) -> N
 def test_sampling_matches_target_with_ngram_branch(servers, tiny_models) -> None:
     """The same law as ``test_sampling_matches_target`` with n-gram nodes in the trees: the
     verify is the target's alone, whoever proposed the nodes."""
-    law = joint_law(tiny_models["target"], SAMPLING_PROMPT_IDS, TEMPERATURE, NUM_SAMPLES, 3)
-    assert_speculative_sampling_law(
-        servers("specblock_ngram"),
-        SAMPLING_PROMPT_IDS,
-        law,
-        temperature=TEMPERATURE,
-        num_samples=NUM_SAMPLES,
-        alpha=ALPHA,
-        min_cells=10,
-    )
+    _assert_sampling_law(servers("specblock_ngram"), tiny_models)
 
 
 def _adapt_counts(server: Server) -> list[int]:

@@ -149,13 +149,12 @@ class NgramBranch:
         self.accepted = [0.0] * num_nodes
 
     def reset(self) -> None:
-        """Empty corpus, no request state, no statistics (``/flush_cache``)."""
+        """Empty corpus and no request state (``/flush_cache``). The measured rates and step
+        times stay, as the node-budget controller's do: they describe the models and the host,
+        not what was cached."""
         self.corpus.reset()
         self._inserted.clear()
         self._last = []
-        self.choice = DrafterChoice(self.num_nodes)
-        self.offered = [0.0] * self.num_nodes
-        self.accepted = [0.0] * self.num_nodes
 
     @property
     def skipped(self) -> bool:
@@ -219,10 +218,12 @@ class NgramBranch:
         max_nodes: int,
         max_depth: int,
         run_drafter: Callable[[], tuple[DraftResult, Any]],
+        alone: tuple[int, int] | None = None,
     ) -> tuple[DraftResult, Any]:
         """The step's trees: the drafter's (``run_drafter``, unless the n-gram trees alone are
-        expected to pay more) merged with the n-gram trees and cut to ``max_nodes``. Any
-        failure of the n-gram side leaves the drafter's trees alone (logged)."""
+        expected to pay more) merged with the n-gram trees and cut to ``max_nodes``; n-gram
+        trees alone are cut to ``alone`` (nodes, depth) where given. Any failure of the n-gram
+        side leaves the drafter's trees alone (logged)."""
         self._reqs = reqs
         try:
             tokens, parents, buckets = self._match(reqs)
@@ -233,6 +234,7 @@ class NgramBranch:
         self._skipped = self.choice.skips(buckets)
         if self._skipped:
             drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
+            max_nodes, max_depth = alone or (max_nodes, max_depth)
         else:
             tic = time.perf_counter()
             drafted, context = run_drafter()

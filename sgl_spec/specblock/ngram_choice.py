@@ -12,8 +12,11 @@ second from what merged steps measure, with nothing assumed per host:
 - the step time of each kind, per batch size (a step without the drafter is predicted as a
   merged step less its drafting until one is measured).
 
-Decayed averages follow changes in the text; every ``EXPLORE_EVERY``-th step the choice would
-skip the drafter, it runs it instead, so that the merged figures stay current.
+Decayed averages follow changes in the text. So that the merged figures stay current, a run of
+steps that would skip the drafter runs it once after ``EXPLORE_FIRST`` of them, then after twice
+as many each time, up to ``EXPLORE_MAX``; a step that drafts by choice starts over. Each such
+step costs a full drafting step -- the drafter first reads every token the skipped steps
+committed -- so where the n-grams keep winning it comes ever more rarely.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from collections.abc import Sequence
 
 DECAY = 0.99  # per observation: the averages follow the last ~100 observations
 MIN_WEIGHT = 3.0  # observations (decayed) before an average is used
-EXPLORE_EVERY = 16
+EXPLORE_FIRST = 16  # would-skip steps before the first exploring one
+EXPLORE_MAX = 256  # ... and at most this many between two
 
 
 class _Mean:
@@ -52,7 +56,8 @@ class DrafterChoice:
         self.accepted_merged = [_Mean() for _ in range(num_buckets)]
         self.accepted_ngram = [_Mean() for _ in range(num_buckets)]
         self._times: dict[int, tuple[_Mean, _Mean, _Mean]] = {}  # merged, drafting, without
-        self._would_skip = 0
+        self._would_skip = 0  # would-skip steps since the last drafting one
+        self._explore_after = EXPLORE_FIRST
         self.skipped = 0  # steps run without the drafter (for the log line)
 
     def _times_at(self, batch_size: int) -> tuple[_Mean, _Mean, _Mean]:
@@ -75,9 +80,14 @@ class DrafterChoice:
             tokens_ngram += 1.0 + ngram.value
         step_without = without_s.value if without_s.known else merged_s.value - drafting_s.value
         if tokens_ngram * merged_s.value <= tokens_merged * max(step_without, 1e-9):
+            self._would_skip, self._explore_after = 0, EXPLORE_FIRST
             return False
         self._would_skip += 1
-        return self._would_skip % EXPLORE_EVERY != 0
+        if self._would_skip < self._explore_after:
+            return True
+        self._would_skip = 0
+        self._explore_after = min(2 * self._explore_after, EXPLORE_MAX)
+        return False
 
     def observe(
         self,

@@ -99,6 +99,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
         self.ngram = NgramBranch(settings.ngram) if settings.ngram else None  # --specblock-ngram
+        self._alone = False  # the last decode step verified the n-gram trees alone
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
         varied = settings.budget in ("auto", "cycle")
@@ -220,16 +221,21 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         roots = state.bonus_tokens.to(torch.long).tolist()
         self.step_started(batch, tic)
         k = self._choose_budget(seq_lens_list)
+        self._alone = False  # the n-gram trees alone are verified (no drafter this step)
         settings = self._budget_settings[k]
         if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
             return self._forward_plain(batch, state, tic, k)
         width = settings.max_nodes
         depth = min(self.settings.verify_depth, width - 1)  # a tree of `width` nodes is no deeper
         run_drafter = lambda: self._catch_up_and_draft(reqs, seq_lens, state, roots, settings)  # noqa: E731
-        drafted, context = (
-            run_drafter() if self.ngram is None
-            else self.ngram.draft(batch.reqs, roots, width, depth, run_drafter)
-        )  # fmt: skip
+        if self.ngram is None:
+            drafted, context = run_drafter()
+        else:  # n-gram trees alone get the largest budget: the controller prices drafting steps
+            alone = (self.budgets[-1], min(self.settings.verify_depth, self.budgets[-1] - 1))
+            drafted, context = self.ngram.draft(batch.reqs, roots, width, depth, run_drafter, alone)
+            if self.ngram.skipped:
+                (width, depth), k, self._alone = alone, len(self.budgets) - 1, True
+                self.step_chosen(-1, len(roots))  # not a step of the controller's setting
         draft_s = time.perf_counter() - tic
         result, packed = verify_trees(
             self, batch, drafted.trees, seq_lens_list, width, depth, capture_hidden=True
@@ -245,7 +251,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
             accept_index.clamp(min=0)
         ]
         # the n-gram trees alone were verified: the drafter reads this step's tokens later
-        deferred = self.ngram is not None and self.ngram.skipped and self._rows is not None
+        deferred = self._alone and self._rows is not None
         carried = self._follow(reqs, seq_lens, accept_lens, hidden, path_tokens, context,
                                state if deferred else None)  # fmt: skip
         draft_s += time.perf_counter() - tic_extend
@@ -372,7 +378,7 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self.metrics.observe_trees(num_nodes)
         if self.settings.budget != "fixed":  # auto, cycle, off: the budget of every step
             self.metrics.observe_k(self.budgets[k] - 1)
-        if self.controller is not None:
+        if self.controller is not None and not self._alone:
             self.controller.observe_settings(
                 observed_budgets(drafted.trees, paths, self.budgets, k, num_accepted)
             )

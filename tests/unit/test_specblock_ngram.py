@@ -18,7 +18,7 @@ from sgl_spec.specblock.ngram_branch import (
     merge_ngram_tree,
     ngram_holds,
 )
-from sgl_spec.specblock.ngram_choice import EXPLORE_EVERY, DrafterChoice
+from sgl_spec.specblock.ngram_choice import EXPLORE_FIRST, EXPLORE_MAX, DrafterChoice
 from sgl_spec.verify.tree import DraftTree, ancestor_mask
 
 
@@ -93,6 +93,25 @@ def test_branch_drafts_from_the_prompt_and_cuts_to_the_budget() -> None:
     assert drafted.node_source == []  # the drafter's per-node records no longer apply
 
 
+def test_branch_alone_gets_its_own_budget_and_flush_keeps_the_rates() -> None:
+    """A step that verifies the n-gram trees alone cuts them to ``alone``, not to the drafting
+    step's budget; ``reset`` (``/flush_cache``) empties the corpus but keeps what was measured."""
+    branch = NgramBranch(6)
+    branch.choice.skips = lambda buckets: True
+    req = _req("a", [11, 12, 13, 14, 15, 16, 17, 11, 12], [])
+    no_drafter = lambda: pytest.fail("the drafter ran")  # noqa: E731
+    drafted, context = branch.draft([req], [12], 2, 1, no_drafter, alone=(6, 5))
+    assert branch.skipped and context is None
+    assert drafted.trees[0].tokens[:4] == [12, 13, 14, 15]  # past the drafting budget of 2
+    branch.observe(drafted.trees, [[0, 1, 2, 3]], 0.01)
+    offered, accepted = list(branch.offered), list(branch.accepted)
+    assert sum(accepted) > 0
+    branch.reset()
+    assert (branch.offered, branch.accepted) == (offered, accepted)
+    drafted, _ = branch.draft([_req("b", [20, 21, 12], [])], [12], 2, 1, no_drafter, (6, 5))
+    assert 13 not in drafted.trees[0].tokens  # the first prompt is gone from the corpus
+
+
 def test_branch_failure_leaves_the_drafters_trees() -> None:
     class Broken:
         def synchronize(self):
@@ -129,9 +148,16 @@ def test_choice_skips_the_drafter_only_where_the_ngrams_pay_more() -> None:
     _fill(choice, 1, merged=4, ngram=1, step_s=0.010, draft_s=0.004)
     assert not choice.skips([1])
     assert not choice.skips([3, 3])  # another batch size: its times are not measured yet
-    decisions = [choice.skips([3]) for _ in range(2 * EXPLORE_EVERY)]
-    # skips, but every EXPLORE_EVERY-th time drafts to keep the merged figures current
-    assert decisions.count(False) == 2 and decisions.count(True) == 2 * EXPLORE_EVERY - 2
+    # skips, but drafts now and then to keep the merged figures current: after EXPLORE_FIRST
+    # would-skip steps, then after twice as many each time
+    decisions = [choice.skips([3]) for _ in range(7 * EXPLORE_FIRST)]
+    drafted = [i + 1 for i, skipped in enumerate(decisions) if not skipped]
+    assert drafted == [EXPLORE_FIRST, 3 * EXPLORE_FIRST, 7 * EXPLORE_FIRST]
+    # ... up to EXPLORE_MAX apart; a step that drafts by choice starts over
+    for _ in range(4 * EXPLORE_MAX):
+        choice.skips([3])
+    assert choice._explore_after == EXPLORE_MAX
+    assert not choice.skips([1]) and choice._explore_after == EXPLORE_FIRST
     # a measured step without the drafter that costs as much as a merged one ends the skipping
     for _ in range(20):
         choice.observe([3], True, [3], [3], 0.011, 0.0)

@@ -107,6 +107,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._last_budget = self.budgets[0]  # of the last decode step (a fresh server's: plain)
         self._last_batch_size = 0  # requests in the last decode step
         self._budget_settings = [replace(settings.draft, max_nodes=n) for n in self.budgets]
+        # nodes and depth of a step that verifies the n-gram trees alone: the largest budget
+        self._alone_shape = (self.budgets[-1], min(settings.verify_depth, self.budgets[-1] - 1))
         self.controller = served_controller(
             budget_controller(self.budgets, settings.budget_drafts())
             if settings.budget == "auto"
@@ -230,8 +232,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         run_drafter = lambda: self._catch_up_and_draft(reqs, seq_lens, state, roots, settings)  # noqa: E731
         if self.ngram is None:
             drafted, context = run_drafter()
-        else:  # n-gram trees alone get the largest budget: the controller prices drafting steps
-            alone = (self.budgets[-1], min(self.settings.verify_depth, self.budgets[-1] - 1))
+        else:  # the controller prices drafting steps only
+            alone = self._alone_shape
             drafted, context = self.ngram.draft(batch.reqs, roots, width, depth, run_drafter, alone)
             if self.ngram.skipped:
                 (width, depth), k, self._alone = alone, len(self.budgets) - 1, True

@@ -10,6 +10,7 @@ its own controller what it ran and how long it took.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +36,24 @@ class RankZeroDecides:
         if k == local.k:
             return local
         return replace(self._controller.predict(k, batch_size, ctx_len), source="rank 0")
+
+
+def rank_zero_flag(group: Any) -> Callable[[bool], bool]:
+    """A per-step yes/no that every rank of ``group`` takes from rank 0 (one broadcast over
+    the group's CPU channel): for choices made from each rank's own step times."""
+
+    def agree(value: bool) -> bool:
+        flag = torch.tensor([int(value)], dtype=torch.int64)
+        torch.distributed.broadcast(flag, src=group.first_rank, group=group.cpu_group)
+        return bool(flag.item())
+
+    return agree
+
+
+def flag_agreed_across_ranks() -> Callable[[bool], bool] | None:
+    """``rank_zero_flag`` of this process's tensor-parallel group; None with one rank."""
+    group = tensor_parallel_group()
+    return None if group is None else rank_zero_flag(group)
 
 
 def tensor_parallel_group() -> Any:

@@ -134,12 +134,16 @@ class NgramBranch:
     """The corpus, what each request has put in it, the n-gram nodes' acceptance rate and the
     choice of steps without the drafter (``ngram_choice.py``)."""
 
-    def __init__(self, num_nodes: int, corpus: Any = None) -> None:
+    def __init__(
+        self, num_nodes: int, corpus: Any = None, agree: Callable[[bool], bool] | None = None
+    ) -> None:
         self.num_nodes = num_nodes
+        self.agree = agree  # rank 0's choice on every tensor-parallel rank (None: one rank)
         self.corpus = new_corpus(num_nodes) if corpus is None else corpus
         self._inserted: dict[str, int] = {}  # rid -> tokens whose n-grams are in the corpus
         self._last: list[_Merged] = []
         self._reqs: Sequence[Any] = ()  # the batch of the last step
+        self._matched: tuple | None = None  # plan's (tokens, parents, buckets) for draft
         self._skipped = False  # the last step ran without the drafter
         self._drafting_s = 0.0  # the last step's drafter tree forwards
         self.choice = DrafterChoice(num_nodes)
@@ -211,35 +215,44 @@ class NgramBranch:
         buckets = [match_depth(t, p) for t, p in zip(tokens, parents, strict=True)]
         return tokens, parents, buckets
 
+    def plan(self, reqs: Sequence[Any], may_skip: bool = True) -> bool:
+        """Match every request's last tokens in the corpus and choose whether this step runs
+        the drafter (``ngram_choice.py``; never where not ``may_skip``); True: verify the
+        n-gram trees alone. Called before the node-budget controller decides, so that a step
+        without the drafter is no step of its settings. Under tensor parallelism rank 0's
+        choice holds on every rank (``agree``): each rank times its own steps. Any failure of
+        the n-gram side leaves the drafter's trees alone (logged)."""
+        self._reqs, self._last, skips = reqs, [], False
+        try:
+            self._matched = self._match(reqs)
+            skips = may_skip and self.choice.skips(self._matched[2])
+        except Exception:
+            logger.exception("SPECBLOCK n-gram branch failed; the drafter's trees alone this step")
+            self._matched = None
+        agreed = skips if self.agree is None else self.agree(skips)
+        self._skipped = agreed and self._matched is not None
+        return self._skipped
+
     def draft(
         self,
-        reqs: Sequence[Any],
         roots: Sequence[int],
         max_nodes: int,
         max_depth: int,
         run_drafter: Callable[[], tuple[DraftResult, Any]],
-        alone: tuple[int, int] | None = None,
     ) -> tuple[DraftResult, Any]:
-        """The step's trees: the drafter's (``run_drafter``, unless the n-gram trees alone are
-        expected to pay more) merged with the n-gram trees and cut to ``max_nodes``; n-gram
-        trees alone are cut to ``alone`` (nodes, depth) where given. Any failure of the n-gram
-        side leaves the drafter's trees alone (logged)."""
-        self._reqs = reqs
-        try:
-            tokens, parents, buckets = self._match(reqs)
-        except Exception:
-            logger.exception("SPECBLOCK n-gram branch failed; the drafter's trees alone this step")
-            self._last, self._skipped = [], False
+        """The trees of the step ``plan`` chose: the n-gram trees alone, or the drafter's
+        (``run_drafter``) merged with them; cut to ``max_nodes`` nodes, ``max_depth`` deep."""
+        matched, self._matched = self._matched, None
+        if matched is None:  # the match failed
             return run_drafter()
-        self._skipped = self.choice.skips(buckets)
+        tokens, parents, buckets = matched
         if self._skipped:
             drafted, context = DraftResult([DraftTree.rooted_at(t) for t in roots], 0), None
-            max_nodes, max_depth = alone or (max_nodes, max_depth)
         else:
             tic = time.perf_counter()
             drafted, context = run_drafter()
             self._drafting_s = time.perf_counter() - tic
-        trees, self._last = [], []
+        trees = []
         for i, tree in enumerate(drafted.trees):
             merged = DraftTree(list(tree.tokens), list(tree.parents), list(tree.depth),
                                list(tree.score))  # fmt: skip

@@ -37,9 +37,9 @@ from sgl_spec.common.tree_verify import verify_trees
 from sgl_spec.common.worker import TargetWrappingWorker
 from sgl_spec.control.budget import budget_controller
 from sgl_spec.control.guard import served_controller
-from sgl_spec.control.ranks import RankZeroDecides
+from sgl_spec.control.ranks import RankZeroDecides, flag_agreed_across_ranks
 from sgl_spec.patches.cpu_packed_linear import pack_linear_modules
-from sgl_spec.specblock.adapt.serving import OnlineAdapter
+from sgl_spec.specblock.adapt.serving import OnlineAdapter, request_keys
 from sgl_spec.specblock.config import CheckpointError
 from sgl_spec.specblock.draft_kv import DrafterKVPool
 from sgl_spec.specblock.drafting import (
@@ -98,7 +98,8 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         )
         if self.adapter is not None:
             logger.info("SPECBLOCK: cost-aware adaptation on: %s", settings.adapt)
-        self.ngram = NgramBranch(settings.ngram) if settings.ngram else None  # --specblock-ngram
+        agree = flag_agreed_across_ranks()  # the n-gram choice, rank 0's on every rank
+        self.ngram = NgramBranch(settings.ngram, agree=agree) if settings.ngram else None
         self._alone = False  # the last decode step verified the n-gram trees alone
         self.set_verify_shape(settings.verify_depth, self.draft_settings.max_nodes)
         # --specblock-budget auto / cycle: setting k verifies budgets[k] nodes
@@ -195,10 +196,9 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
     def _drafts_next(self, num_new: int, seq_lens: torch.Tensor) -> bool:
         """Whether the decode step after a prefill of ``num_new`` requests is expected to draft:
         the last one did, and the controller (where it decides alone, not for tensor-parallel
-        ranks that must agree) would draft at the batch they join -- not while it measures that
-        batch's plain step. Else the prompts stay unread
-        until a step drafts for them: bench_serving's one warm-up request drafts, and the wave
-        after it would otherwise be read at its prefill though its steps run without drafts."""
+        ranks) would at the batch they join, not while it measures that batch's plain step.
+        Else the prompts stay unread until a step drafts for them (bench_serving's warm-up
+        request drafts; the wave after it need not)."""
         if self._last_budget == 1:
             return False
         if self.controller is None or isinstance(self.controller, RankZeroDecides):
@@ -222,22 +222,23 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         seq_lens_list = seq_lens.tolist()
         roots = state.bonus_tokens.to(torch.long).tolist()
         self.step_started(batch, tic)
-        k = self._choose_budget(seq_lens_list)
-        self._alone = False  # the n-gram trees alone are verified (no drafter this step)
+        self._alone = self._plan_alone(batch.reqs, seq_lens_list)
+        if self._alone:  # no step of the controller's settings: it does not decide one
+            k, (width, depth) = len(self.budgets) - 1, self._alone_shape
+            self._last_batch_size = len(roots)
+            self.step_chosen(-1, len(roots))
+        else:
+            k = self._choose_budget(seq_lens_list)
+            if self.budgets[k] == 1:  # no drafts: a plain decode step (the drafter reads later)
+                return self._forward_plain(batch, state, tic, k)
+            width = self.budgets[k]
+            depth = min(self.settings.verify_depth, width - 1)  # no deeper than `width` allows
         settings = self._budget_settings[k]
-        if settings.max_nodes == 1:  # no drafts: a plain decode step (the drafter reads later)
-            return self._forward_plain(batch, state, tic, k)
-        width = settings.max_nodes
-        depth = min(self.settings.verify_depth, width - 1)  # a tree of `width` nodes is no deeper
         run_drafter = lambda: self._catch_up_and_draft(reqs, seq_lens, state, roots, settings)  # noqa: E731
         if self.ngram is None:
             drafted, context = run_drafter()
-        else:  # the controller prices drafting steps only
-            alone = self._alone_shape
-            drafted, context = self.ngram.draft(batch.reqs, roots, width, depth, run_drafter, alone)
-            if self.ngram.skipped:
-                (width, depth), k, self._alone = alone, len(self.budgets) - 1, True
-                self.step_chosen(-1, len(roots))  # not a step of the controller's setting
+        else:
+            drafted, context = self.ngram.draft(roots, width, depth, run_drafter)
         draft_s = time.perf_counter() - tic
         result, packed = verify_trees(
             self, batch, drafted.trees, seq_lens_list, width, depth, capture_hidden=True
@@ -290,6 +291,17 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         self._observe(roots, [1] * bs, [[0]] * bs, draft_s, tic, k)
         return plain_result(batch, step, next_input)
 
+    def _plan_alone(self, reqs, seq_lens: list[int]) -> bool:
+        """Whether this step verifies the n-gram trees alone (``NgramBranch.plan``): only where
+        the controller would draft at this batch (a pure query); where it runs plain steps,
+        those are what pays."""
+        if self.ngram is None:
+            return False
+        may_skip = self.controller is None or self.controller.expects_drafts(
+            len(seq_lens), sum(seq_lens) // max(len(seq_lens), 1)
+        )
+        return self.ngram.plan(reqs, may_skip)
+
     def _choose_budget(self, seq_lens: list[int]) -> int:
         """This step's setting, an index into ``budgets``: the controller's, the next in turn
         (cycle), or the one fixed budget."""
@@ -309,23 +321,13 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
         """Feed the verify outcome to the online adapter (``adapt/serving.py``); it only changes
         later drafts, and a failure in it is logged, never raised."""
         try:
-            bs = len(paths)
-            longest = max(len(p) for p in paths)
+            bs, longest = len(paths), max(len(p) for p in paths)
             features = self._features(hidden[: bs * width]).view(bs, width, -1)[:, :longest]
-            keys = [getattr(r, "rid", None) for r in getattr(batch, "reqs", None) or []]
-            if len(keys) != bs or None in keys:  # fall back to the request pool slots
-                keys = batch.req_pool_indices.tolist()
             self.adapter.after_verify(
-                keys,
-                seq_lens,
-                [tree.parents for tree in drafted.trees],
-                drafted.node_source,
-                drafted.round_logits,
-                paths,
-                path_tokens,
-                features,
+                request_keys(batch), seq_lens, [tree.parents for tree in drafted.trees],
+                drafted.node_source, drafted.round_logits, paths, path_tokens, features,
                 result.next_draft_input.bonus_tokens.tolist(),
-            )
+            )  # fmt: skip
         except Exception:
             logger.exception("SPECBLOCK adapt: observing the verify failed; step skipped")
 

@@ -108,7 +108,14 @@ SHIPPED_TEMPERATURE = 1.0
 SHIPPED_NUM_SAMPLES = 2500
 TWO_RANK_ALGORITHMS = {
     "MTP_LORA": ["--mtp-k", "3", "--max-running-requests", "256"],
-    "SPECBLOCK": ["--specblock-budget", "fixed", "--max-running-requests", "256"],
+    "SPECBLOCK": [
+        "--specblock-budget",
+        "fixed",
+        "--specblock-ngram",
+        "8",
+        "--max-running-requests",
+        "256",
+    ],
     "MINEDRAFT": ["--minedraft-steps", "fixed", "--max-running-requests", "256"],
 }
 
@@ -134,7 +141,8 @@ def shipped_reference(shipped_greedy) -> dict:
 @pytest.mark.parametrize("algorithm", sorted(TWO_RANK_ALGORITHMS))
 def test_our_algorithms_on_two_ranks_lossless(algorithm, flag, shipped_reference, tmp_path):
     """tp = 2: both ranks run the step rank 0's controller chose on their shard (MTP_LORA's
-    LoRA path sharded like its base layers, SPECBLOCK's drafter replicated, MINEDRAFT's one
+    LoRA path sharded like its base layers, SPECBLOCK's drafter replicated and its n-gram
+    branch's choice to skip it rank 0's, MINEDRAFT's one
     draft server driven by rank 0, which shares its drafts); dp = 2: each replica builds its
     own worker and speculative state (MINEDRAFT: its own draft server). Either serves the
     one-rank ``none`` server's greedy ids (the workers' accepted drafts reach the one

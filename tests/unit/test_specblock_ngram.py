@@ -78,9 +78,8 @@ def test_branch_drafts_from_the_prompt_and_cuts_to_the_budget() -> None:
     req = _req("a", prompt, [])
     drafter_tree = DraftTree.chain(12, [13, 99])
     drafter_tree.score = [0.0, -0.2, -0.4]
-    drafted, context = branch.draft(
-        [req], [12], 4, 7, lambda: (DraftResult([drafter_tree], 2), "ctx")
-    )
+    assert not branch.plan([req])  # nothing measured: the drafter runs
+    drafted, context = branch.draft([12], 4, 7, lambda: (DraftResult([drafter_tree], 2), "ctx"))
     assert context == "ctx" and not branch.skipped
     (tree,) = drafted.trees
     assert tree.num_nodes <= 4
@@ -93,23 +92,42 @@ def test_branch_drafts_from_the_prompt_and_cuts_to_the_budget() -> None:
     assert drafted.node_source == []  # the drafter's per-node records no longer apply
 
 
-def test_branch_alone_gets_its_own_budget_and_flush_keeps_the_rates() -> None:
-    """A step that verifies the n-gram trees alone cuts them to ``alone``, not to the drafting
-    step's budget; ``reset`` (``/flush_cache``) empties the corpus but keeps what was measured."""
+def test_branch_alone_and_flush_keeps_the_rates() -> None:
+    """A step the choice runs without the drafter verifies the n-gram trees alone, cut to the
+    shape the worker passes; ``reset`` (``/flush_cache``) empties the corpus but keeps what was
+    measured."""
     branch = NgramBranch(6)
     branch.choice.skips = lambda buckets: True
     req = _req("a", [11, 12, 13, 14, 15, 16, 17, 11, 12], [])
     no_drafter = lambda: pytest.fail("the drafter ran")  # noqa: E731
-    drafted, context = branch.draft([req], [12], 2, 1, no_drafter, alone=(6, 5))
-    assert branch.skipped and context is None
-    assert drafted.trees[0].tokens[:4] == [12, 13, 14, 15]  # past the drafting budget of 2
+    assert branch.plan([req]) and branch.skipped
+    drafted, context = branch.draft([12], 6, 5, no_drafter)
+    assert context is None
+    assert drafted.trees[0].tokens[:4] == [12, 13, 14, 15]
     branch.observe(drafted.trees, [[0, 1, 2, 3]], 0.01)
+    assert branch.choice.skipped == 1
     offered, accepted = list(branch.offered), list(branch.accepted)
     assert sum(accepted) > 0
     branch.reset()
     assert (branch.offered, branch.accepted) == (offered, accepted)
-    drafted, _ = branch.draft([_req("b", [20, 21, 12], [])], [12], 2, 1, no_drafter, (6, 5))
+    assert branch.plan([_req("b", [20, 21, 12], [])])
+    drafted, _ = branch.draft([12], 6, 5, no_drafter)
     assert 13 not in drafted.trees[0].tokens  # the first prompt is gone from the corpus
+
+
+def test_plan_skips_only_where_allowed_and_as_rank_zero_says() -> None:
+    """``may_skip`` False (the node-budget controller would not draft): the choice is not asked
+    and the drafter runs; under tensor parallelism ``agree`` (rank 0's choice) decides."""
+    req = _req("a", [11, 12, 13, 11, 12], [])
+    branch = NgramBranch(4)
+    branch.choice.skips = lambda buckets: pytest.fail("the choice was asked")
+    assert not branch.plan([req], may_skip=False)
+    tree = DraftTree.chain(12, [13])
+    drafted, _ = branch.draft([12], 4, 3, lambda: (DraftResult([tree], 1), None))
+    assert drafted.trees[0].tokens[:2] == [12, 13]
+    asked = []
+    ranked = NgramBranch(4, agree=lambda mine: asked.append(mine) or True)
+    assert ranked.plan([req], may_skip=False) and asked == [False]  # rank 0 skips: so do we
 
 
 def test_branch_failure_leaves_the_drafters_trees() -> None:
@@ -123,12 +141,12 @@ def test_branch_failure_leaves_the_drafters_trees() -> None:
         def erase_match_state(self, rids):
             pass
 
-    branch = NgramBranch(4, corpus=Broken())
     tree = DraftTree.chain(3, [4])
-    drafted, _ = branch.draft(
-        [_req("a", [1, 2, 3], [])], [3], 4, 3, lambda: (DraftResult([tree], 1), None)
-    )
-    assert drafted.trees == [tree] and not branch.skipped
+    for agree in (None, lambda mine: True):  # even where rank 0 would skip
+        branch = NgramBranch(4, corpus=Broken(), agree=agree)
+        assert not branch.plan([_req("a", [1, 2, 3], [])])
+        drafted, _ = branch.draft([3], 4, 3, lambda: (DraftResult([tree], 1), None))
+        assert drafted.trees == [tree] and not branch.skipped
     branch.observe(drafted.trees, [[0, 1]], 0.01)  # nothing recorded, no error
 
 

@@ -12,7 +12,12 @@ import torch
 import torch.distributed as dist
 
 from sgl_spec.control.controller import Decision
-from sgl_spec.control.ranks import RankZeroDecides, agreed_across_ranks
+from sgl_spec.control.ranks import (
+    RankZeroDecides,
+    agreed_across_ranks,
+    flag_agreed_across_ranks,
+    rank_zero_flag,
+)
 from sgl_spec.mtp.sglang_lora import _Delta, _partial_sum, _rank_part
 from tests.helpers.gloo import run_two_ranks
 
@@ -119,3 +124,18 @@ def test_every_rank_runs_rank_zeros_setting() -> None:
     results = run_two_ranks(_agree)
     assert results[0] == ([(1, "measured")] * 3, [1])
     assert results[1] == ([(1, "rank 0")] * 3, [1])
+
+
+def _flag(rank: int, store_file: str, results: dict) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    try:
+        agree = rank_zero_flag(SimpleNamespace(first_rank=0, cpu_group=dist.group.WORLD))
+        results[rank] = [agree(rank == 0), agree(rank == 1)]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_takes_rank_zeros_flag() -> None:
+    """The n-gram branch's choice to skip the drafter, made from each rank's own step times."""
+    assert flag_agreed_across_ranks() is None  # no tensor-parallel group here
+    assert run_two_ranks(_flag) == {0: [True, False], 1: [True, False]}

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -196,3 +197,12 @@ class OnlineAdapter:
 
 
 __all__ = ["Action", "OnlineAdapter", "rejected_prob"]
+
+
+def request_keys(batch: Any) -> list[Hashable]:
+    """Each request's id in ``batch``, the adapter's key for it (the request pool slots where
+    a request has none)."""
+    keys = [getattr(r, "rid", None) for r in getattr(batch, "reqs", None) or []]
+    if len(keys) != batch.req_pool_indices.shape[0] or None in keys:
+        return batch.req_pool_indices.tolist()
+    return keys

@@ -30,24 +30,23 @@ class RankZeroDecides:
 
     def decide(self, batch_size: int, ctx_len: int) -> Any:
         local = self._controller.decide(batch_size, ctx_len)
-        chosen = torch.tensor([local.k], dtype=torch.int64)
-        torch.distributed.broadcast(chosen, src=self._group.first_rank, group=self._group.cpu_group)
-        k = int(chosen.item())
+        k = rank_zero_value(self._group, local.k)
         if k == local.k:
             return local
         return replace(self._controller.predict(k, batch_size, ctx_len), source="rank 0")
 
 
+def rank_zero_value(group: Any, value: int) -> int:
+    """Rank 0's ``value`` on every rank of ``group`` (one broadcast over its CPU channel)."""
+    chosen = torch.tensor([value], dtype=torch.int64)
+    torch.distributed.broadcast(chosen, src=group.first_rank, group=group.cpu_group)
+    return int(chosen.item())
+
+
 def rank_zero_flag(group: Any) -> Callable[[bool], bool]:
-    """A per-step yes/no that every rank of ``group`` takes from rank 0 (one broadcast over
-    the group's CPU channel): for choices made from each rank's own step times."""
-
-    def agree(value: bool) -> bool:
-        flag = torch.tensor([int(value)], dtype=torch.int64)
-        torch.distributed.broadcast(flag, src=group.first_rank, group=group.cpu_group)
-        return bool(flag.item())
-
-    return agree
+    """A per-step yes/no that every rank of ``group`` takes from rank 0: for choices made
+    from each rank's own step times."""
+    return lambda value: bool(rank_zero_value(group, int(value)))
 
 
 def flag_agreed_across_ranks() -> Callable[[bool], bool] | None:

@@ -196,9 +196,6 @@ class OnlineAdapter:
         self.trainer.close()
 
 
-__all__ = ["Action", "OnlineAdapter", "rejected_prob"]
-
-
 def request_keys(batch: Any) -> list[Hashable]:
     """Each request's id in ``batch``, the adapter's key for it (the request pool slots where
     a request has none)."""
@@ -206,3 +203,6 @@ def request_keys(batch: Any) -> list[Hashable]:
     if len(keys) != batch.req_pool_indices.shape[0] or None in keys:
         return batch.req_pool_indices.tolist()
     return keys
+
+
+__all__ = ["Action", "OnlineAdapter", "rejected_prob", "request_keys"]

@@ -108,7 +108,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         ("--speculative-algorithm", "MTP_LORA", "--mtp-k", "0"), own_speculative_flags=True
     ),
     # the shipped K = 4 drafter on the shipped target (the launcher fills it in), M = 2 blocks,
-    # at its default: the node budget chosen per step (--specblock-budget auto)
+    # at its default: the node budget chosen per step (--specblock-budget auto), with the n-gram
+    # branch of 8 nodes (the launcher's default on the shipped target)
     "specblock": Algorithm(("--speculative-algorithm", "SPECBLOCK"), own_speculative_flags=True),
     # the fixed budget: up to --specblock-max-nodes nodes every step
     "specblock-fixed": Algorithm(
@@ -124,6 +125,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     # the drafter's tree merged with SGLang's n-gram corpus drafts (8 nodes per request offered)
     "specblock-ngram": Algorithm(
         ("--speculative-algorithm", "SPECBLOCK", "--specblock-ngram", "8"),
+        own_speculative_flags=True,
+    ),
+    # the default without the n-gram branch: the drafter's trees alone
+    "specblock-nongram": Algorithm(
+        ("--speculative-algorithm", "SPECBLOCK", "--specblock-ngram", "0"),
         own_speculative_flags=True,
     ),
     # every step the root alone (no drafts; the drafter still follows): the floor of

@@ -13,7 +13,7 @@ from typing import Any
 from sgl_spec.argv import LaunchArgs
 from sgl_spec.common.algorithm import Algorithm
 from sgl_spec.config import SpecConfig
-from sgl_spec.specblock.flags import SPECBLOCK_SHIPPED_MAX_NODES
+from sgl_spec.specblock.flags import SPECBLOCK_SHIPPED_MAX_NODES, SPECBLOCK_SHIPPED_NGRAM
 from sgl_spec.specblock.settings import SpecBlockSettings, load_settings
 
 
@@ -24,14 +24,18 @@ class SpecBlock(Algorithm):
     own_draft_shape = "--specblock-k, --specblock-m and --specblock-max-nodes"
 
     def with_shipped_defaults(self, config: SpecConfig, launch: LaunchArgs) -> SpecConfig:
-        """The shipped drafter and the node budget measured best on the shipped models."""
+        """The shipped drafter, and the node budget and n-gram branch measured best on the
+        shipped models (the branch not under --specblock-adapt or --specblock-budget off,
+        which it does not combine with)."""
         from sgl_spec.model_defaults import fill_unset_for_shipped
         from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER
 
-        defaults = {
+        defaults: dict[str, object] = {
             "specblock_drafter_path": DEFAULT_SPECBLOCK_DRAFTER,
             "specblock_max_nodes": SPECBLOCK_SHIPPED_MAX_NODES,
         }
+        if not config.specblock_adapt and config.specblock_budget != "off":
+            defaults["specblock_ngram"] = SPECBLOCK_SHIPPED_NGRAM
         return fill_unset_for_shipped(config, launch, self.name, defaults)
 
     def settings(self, config: SpecConfig, launch: LaunchArgs) -> SpecBlockSettings:

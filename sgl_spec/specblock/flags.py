@@ -14,6 +14,10 @@ SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
 # budget measured best on the CPU hosts (benchmarks/RESULTS.md), where a verified tree costs
 # about linearly in its nodes.
 SPECBLOCK_SHIPPED_MAX_NODES = 8
+# On the shipped models the n-gram branch's nodes per request (``--specblock-ngram``), on unless
+# --specblock-adapt is: at or above SPECBLOCK without it at every load measured
+# (benchmarks/RESULTS.md).
+SPECBLOCK_SHIPPED_NGRAM = 8
 
 
 @dataclass(frozen=True)
@@ -84,13 +88,15 @@ class SpecBlockFlags:
         " or float32, bfloat16, float16.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
-    specblock_ngram: int = flag(
-        0,
+    specblock_ngram: int | None = flag(
+        None,
         "--specblock-ngram",
         "SPECBLOCK: also offer up to N nodes (root included) per request from SGLang's n-gram"
         " corpus of the prompts and outputs seen (what NGRAM drafts from), merged into the"
-        " drafter's tree before the node budget cuts it (specblock/ngram_branch.py); 0 (the"
-        " default) = off. Not with --specblock-adapt.",
+        " drafter's tree before the node budget cuts it (specblock/ngram_branch.py); 0 = off."
+        f" Default: {SPECBLOCK_SHIPPED_NGRAM} on the shipped target (the measured best there)"
+        " unless --specblock-adapt or --specblock-budget off is given, else off. Not with"
+        " either of those.",
         kind=int,
         bounds=(0, 64),
     )
@@ -122,6 +128,11 @@ class SpecBlockFlags:
             raise ConfigError(
                 "--specblock-ngram with --specblock-adapt: adaptation learns from the drafter's"
                 " own nodes only; drop one"
+            )
+        if self.specblock_ngram and self.specblock_budget == "off":
+            raise ConfigError(
+                "--specblock-ngram with --specblock-budget off: 'off' verifies the root alone"
+                " every step, so no n-gram node would be verified; drop one"
             )
         if self.specblock_adapt_options is not None:
             if not self.specblock_adapt:

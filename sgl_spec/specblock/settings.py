@@ -154,7 +154,7 @@ def load_settings(config: SpecConfig, model_path: str | None = None) -> SpecBloc
         adapt,
         config.specblock_drafter_dtype,
         budget=config.specblock_budget,
-        ngram=config.specblock_ngram,
+        ngram=config.specblock_ngram or 0,
     )
 
 

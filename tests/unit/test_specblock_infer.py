@@ -310,7 +310,11 @@ def test_shipped_target_gets_the_shipped_drafter():
     from sgl_spec.argv import LaunchArgs
     from sgl_spec.config import SpecConfig
     from sgl_spec.models.registry import DEFAULT_SPECBLOCK_DRAFTER, DEFAULT_TARGET
-    from sgl_spec.specblock.flags import SPECBLOCK_DEFAULT_M, SPECBLOCK_SHIPPED_MAX_NODES
+    from sgl_spec.specblock.flags import (
+        SPECBLOCK_DEFAULT_M,
+        SPECBLOCK_SHIPPED_MAX_NODES,
+        SPECBLOCK_SHIPPED_NGRAM,
+    )
     from sgl_spec.specblock.settings import load_settings
 
     def fill_specblock_defaults(config: SpecConfig, argv: list[str]) -> SpecConfig:
@@ -324,6 +328,14 @@ def test_shipped_target_gets_the_shipped_drafter():
     assert load_settings(filled).draft.max_nodes == SPECBLOCK_SHIPPED_MAX_NODES
     budget = fill_specblock_defaults(SpecConfig(specblock_max_nodes=24), argv)
     assert budget.specblock_max_nodes == 24  # user flags win
+    # the n-gram branch: on by default there, not where it cannot combine, off when asked
+    assert filled.specblock_ngram == SPECBLOCK_SHIPPED_NGRAM
+    assert load_settings(filled).ngram == SPECBLOCK_SHIPPED_NGRAM
+    for lone in (SpecConfig(specblock_adapt=True), SpecConfig(specblock_budget="off")):
+        left = fill_specblock_defaults(lone, argv)
+        left.validate()
+        assert left.specblock_ngram is None and load_settings(left).ngram == 0
+    assert fill_specblock_defaults(SpecConfig(specblock_ngram=0), argv).specblock_ngram == 0
     # the shipped drafter loads and fits the shipped target
     settings = load_settings(filled)
     assert settings.block_size > 1

@@ -187,6 +187,7 @@ def test_choice_skips_the_drafter_only_where_the_ngrams_pay_more() -> None:
     [
         ({"specblock_ngram": 1}, "0 (off) or >= 2"),
         ({"specblock_ngram": 8, "specblock_adapt": True}, "drop one"),
+        ({"specblock_ngram": 8, "specblock_budget": "off"}, "root alone"),
     ],
 )
 def test_bad_ngram_flags_are_refused(fields: dict, message: str) -> None:

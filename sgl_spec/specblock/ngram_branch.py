@@ -61,10 +61,10 @@ def new_corpus(num_nodes: int) -> Any:
     )
 
 
-def mask_parents(mask: np.ndarray) -> np.ndarray:  # [n] parent of each node, -1 for the root
-    """Parents from an ancestor mask (``mask[i, j]``: j is i or an ancestor of i): the nearest
-    ancestor is the largest marked j < i."""
-    n = mask.shape[0]
+def mask_parents(mask: np.ndarray) -> np.ndarray:  # [..., n] parent of each node, -1: root
+    """Parents from ancestor masks (``mask[..., i, j]``: j is i or an ancestor of i; any
+    leading batch dimensions): the nearest ancestor is the largest marked j < i."""
+    n = mask.shape[-1]
     order = np.arange(n)
     ancestors = mask.astype(bool) & (order[None, :] < order[:, None])
     return np.where(ancestors.any(-1), (ancestors * order).argmax(-1), -1)
@@ -144,6 +144,7 @@ class NgramBranch:
         self._last: list[_Merged] = []
         self._reqs: Sequence[Any] = ()  # the batch of the last step
         self._matched: tuple | None = None  # plan's (tokens, parents, buckets) for draft
+        self._match_pending = False  # plan left the match to draft (no skip possible)
         self._skipped = False  # the last step ran without the drafter
         self._drafting_s = 0.0  # the last step's drafter tree forwards
         self.choice = DrafterChoice(num_nodes)
@@ -211,27 +212,35 @@ class NgramBranch:
         n = self.num_nodes
         tokens = ids.reshape(len(reqs), n).tolist()
         masks = masks.reshape(len(reqs), n, n)
-        parents = [mask_parents(m).tolist() for m in masks]
+        parents = mask_parents(masks).tolist()  # the batch in one go
         buckets = [match_depth(t, p) for t, p in zip(tokens, parents, strict=True)]
         return tokens, parents, buckets
 
     def plan(self, reqs: Sequence[Any], may_skip: bool = True) -> bool:
-        """Match every request's last tokens in the corpus and choose whether this step runs
-        the drafter (``ngram_choice.py``; never where not ``may_skip``); True: verify the
-        n-gram trees alone. Called before the node-budget controller decides, so that a step
-        without the drafter is no step of its settings. Under tensor parallelism rank 0's
+        """Choose whether this step runs the drafter (``ngram_choice.py``; never where not
+        ``may_skip``); True: verify the n-gram trees alone. Called before the node-budget
+        controller decides, so that a step without the drafter is no step of its settings.
+        Only a step that may skip matches here; otherwise ``draft`` matches, so a step the
+        controller then runs without drafts pays no match. Under tensor parallelism rank 0's
         choice holds on every rank (``agree``): each rank times its own steps. Any failure of
         the n-gram side leaves the drafter's trees alone (logged)."""
-        self._reqs, self._last, skips = reqs, [], False
+        self._reqs, self._last, self._matched, skips = reqs, [], None, False
+        if may_skip:
+            self._matched = self._try_match()
+            skips = self._matched is not None and self.choice.skips(self._matched[2])
+        agreed = skips if self.agree is None else self.agree(skips)
+        if agreed and not may_skip:  # rank 0 skips where this rank would not have
+            self._matched = self._try_match()
+        self._skipped = agreed and self._matched is not None
+        self._match_pending = not may_skip and self._matched is None and not agreed
+        return self._skipped
+
+    def _try_match(self) -> tuple | None:
         try:
-            self._matched = self._match(reqs)
-            skips = may_skip and self.choice.skips(self._matched[2])
+            return self._match(self._reqs)
         except Exception:
             logger.exception("SPECBLOCK n-gram branch failed; the drafter's trees alone this step")
-            self._matched = None
-        agreed = skips if self.agree is None else self.agree(skips)
-        self._skipped = agreed and self._matched is not None
-        return self._skipped
+            return None
 
     def draft(
         self,
@@ -242,6 +251,8 @@ class NgramBranch:
     ) -> tuple[DraftResult, Any]:
         """The trees of the step ``plan`` chose: the n-gram trees alone, or the drafter's
         (``run_drafter``) merged with them; cut to ``max_nodes`` nodes, ``max_depth`` deep."""
+        if self._match_pending:
+            self._matched, self._match_pending = self._try_match(), False
         matched, self._matched = self._matched, None
         if matched is None:  # the match failed
             return run_drafter()

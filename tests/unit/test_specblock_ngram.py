@@ -29,6 +29,9 @@ def _mask(parents: list[int]) -> np.ndarray:
 def test_mask_parents_inverts_the_ancestor_mask() -> None:
     parents = [-1, 0, 1, 0, 3, 3, 1]
     assert mask_parents(_mask(parents)).tolist() == parents
+    chain = [-1, 0, 1, 2, 3, 4, 5]
+    batch = np.stack([_mask(parents), _mask(chain)])  # a batch's masks at once
+    assert mask_parents(batch).tolist() == [parents, chain]
 
 
 def test_merge_shares_the_drafters_nodes_and_adds_the_rest() -> None:
@@ -116,15 +119,24 @@ def test_branch_alone_and_flush_keeps_the_rates() -> None:
 
 
 def test_plan_skips_only_where_allowed_and_as_rank_zero_says() -> None:
-    """``may_skip`` False (the node-budget controller would not draft): the choice is not asked
-    and the drafter runs; under tensor parallelism ``agree`` (rank 0's choice) decides."""
+    """``may_skip`` False (the node-budget controller would not draft): the choice is not asked,
+    the corpus is matched only if the step drafts after all (a step the controller runs without
+    drafts pays no match), and the drafter runs; under tensor parallelism ``agree`` (rank 0's
+    choice) decides."""
     req = _req("a", [11, 12, 13, 11, 12], [])
     branch = NgramBranch(4)
     branch.choice.skips = lambda buckets: pytest.fail("the choice was asked")
+    matches = []
+    match = branch._match
+    branch._match = lambda reqs: matches.append(len(reqs)) or match(reqs)
+    assert not branch.plan([req], may_skip=False)
+    assert matches == []  # a plain step would follow: nothing matched
     assert not branch.plan([req], may_skip=False)
     tree = DraftTree.chain(12, [13])
     drafted, _ = branch.draft([12], 4, 3, lambda: (DraftResult([tree], 1), None))
+    assert matches == [1]  # this step drafts: matched now
     assert drafted.trees[0].tokens[:2] == [12, 13]
+    assert 11 in drafted.trees[0].tokens  # the prompt's continuation after 11, 12 -> 13
     asked = []
     ranked = NgramBranch(4, agree=lambda mine: asked.append(mine) or True)
     assert ranked.plan([req], may_skip=False) and asked == [False]  # rank 0 skips: so do we

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from sgl_spec.verify.tree import DraftTree, build_verify_input
+from sgl_spec.verify.tree import DraftTree
 
 QLEN_ONLY = 1
 FULL_MASK = 0
@@ -47,45 +48,72 @@ def pack_trees(
     width: int,
     mask_format: int = QLEN_ONLY,
 ) -> PackedTrees:
-    """Flatten, pad and concatenate ``trees`` (see module docstring)."""
-    bs = len(trees)
-    tokens = torch.zeros(bs, width, dtype=torch.long)
-    positions = torch.zeros(bs, width, dtype=torch.long)
-    next_token = torch.full((bs, width), -1, dtype=torch.long)
-    next_sibling = torch.full((bs, width), -1, dtype=torch.long)
-    masks: list[torch.Tensor] = []
+    """Flatten, pad and concatenate ``trees`` (see module docstring). Built in Python lists and
+    converted once per field: per-node tensor ops cost ~0.4 ms a tree on a CPU host."""
+    if mask_format not in (QLEN_ONLY, FULL_MASK):
+        raise ValueError(f"unsupported tree mask format {mask_format}")
+    tokens: list[int] = []
+    positions: list[int] = []
+    next_token: list[int] = []
+    next_sibling: list[int] = []
+    ancestors: list[int] = []  # per node a bit set: itself and its ancestors
     num_nodes, max_depth = [], 0
     for b, (tree, seq_len) in enumerate(zip(trees, seq_lens, strict=True)):
         n = tree.num_nodes
         if n > width:
             raise ValueError(f"tree {b} has {n} nodes, more than the verify width {width}")
-        inp = build_verify_input(tree, int(seq_len))
-        tokens[b, :n] = inp.draft_tokens
-        positions[b] = int(seq_len)
-        positions[b, :n] = inp.positions
-        next_token[b, :n] = inp.retrieve_next_token
-        next_sibling[b, :n] = inp.retrieve_next_sibling
-        vis = torch.eye(width, dtype=torch.bool)
-        vis[:n, :n] = inp.tree_mask
-        if mask_format == FULL_MASK:
-            vis = torch.cat([torch.ones(width, int(seq_len), dtype=torch.bool), vis], dim=1)
-        elif mask_format != QLEN_ONLY:
-            raise ValueError(f"unsupported tree mask format {mask_format}")
-        masks.append(vis.reshape(-1))
+        first, last_child, base = len(tokens), [-1] * n, int(seq_len)
+        tokens += tree.tokens
+        tokens += [0] * (width - n)
+        positions += [base + d for d in tree.depth]
+        positions += [base] * (width - n)
+        next_token += [-1] * width
+        next_sibling += [-1] * width
+        for i, parent in enumerate(tree.parents):
+            if parent < 0:
+                ancestors.append(1 << i)
+                continue
+            if parent >= i:
+                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+            ancestors.append(ancestors[first + parent] | (1 << i))
+            if last_child[parent] == -1:
+                next_token[first + parent] = i
+            else:
+                next_sibling[first + last_child[parent]] = i
+            last_child[parent] = i
+        ancestors += [1 << i for i in range(n, width)]  # padding sees only itself
         num_nodes.append(n)
         max_depth = max(max_depth, max(tree.depth))
-    index = torch.arange(bs * width, dtype=torch.long).view(bs, width)
+    bs = len(num_nodes)
+    mask = _bit_rows(ancestors, width).view(bs, width, width)
+    if mask_format == FULL_MASK:
+        custom_mask = torch.cat(
+            [
+                torch.cat([torch.ones(width, int(seq_len), dtype=torch.bool), mask[b]], 1).reshape(-1)
+                for b, seq_len in enumerate(seq_lens)
+            ]
+        ) if bs else torch.zeros(0, dtype=torch.bool)  # fmt: skip
+    else:
+        custom_mask = mask.reshape(-1)
     return PackedTrees(
-        draft_tokens=tokens.reshape(-1),
-        positions=positions.reshape(-1),
-        custom_mask=torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool),
-        retrieve_index=index,
-        retrieve_next_token=next_token,
-        retrieve_next_sibling=next_sibling,
+        draft_tokens=torch.tensor(tokens, dtype=torch.long),
+        positions=torch.tensor(positions, dtype=torch.long),
+        custom_mask=custom_mask,
+        retrieve_index=torch.arange(bs * width, dtype=torch.long).view(bs, width),
+        retrieve_next_token=torch.tensor(next_token, dtype=torch.long).view(bs, width),
+        retrieve_next_sibling=torch.tensor(next_sibling, dtype=torch.long).view(bs, width),
         num_nodes=num_nodes,
         width=width,
         max_depth=max_depth,
     )
+
+
+def _bit_rows(bits: list[int], width: int) -> torch.Tensor:  # [len(bits), width] bool
+    """Bit ``j`` of each int as column ``j`` (any width: through little-endian bytes)."""
+    nbytes = (width + 7) // 8
+    raw = b"".join(row.to_bytes(nbytes, "little") for row in bits)
+    unpacked = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
+    return torch.from_numpy(unpacked.reshape(len(bits), nbytes * 8)[:, :width].astype(bool))
 
 
 def accepted_path(

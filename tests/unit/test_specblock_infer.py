@@ -166,6 +166,42 @@ def test_pack_trees_constructed():
     assert packed.max_depth == 2 and packed.num_nodes == [5, 2]
 
 
+def test_pack_trees_matches_the_per_tree_inputs():
+    """The batch packing equals each tree's own verify input (``build_verify_input``,
+    ``ancestor_mask``) padded to the width, for random trees up to 200 nodes (masks past 64
+    bits) and both mask formats."""
+    from sgl_spec.verify.tree import build_verify_input
+
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(12):
+        trees, seq_lens = [], []
+        width = [8, 33, 200][trial % 3]
+        for _ in range(1 + trial % 4):
+            n = int(torch.randint(1, width + 1, (1,), generator=gen))
+            parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+            trees.append(
+                _tree([int(x) for x in torch.randint(1, 50, (n,), generator=gen)], parents)
+            )
+            seq_lens.append(int(torch.randint(1, 20, (1,), generator=gen)))
+        packed = pack_trees(trees, seq_lens, width)
+        full = pack_trees(trees, seq_lens, width, mask_format=FULL_MASK).custom_mask
+        mask, at = packed.custom_mask.view(len(trees), width, width), 0
+        for b, (tree, seq_len) in enumerate(zip(trees, seq_lens, strict=True)):
+            ref, n = build_verify_input(tree, seq_len), tree.num_nodes
+            row = slice(b * width, b * width + n)
+            assert torch.equal(packed.draft_tokens[row], ref.draft_tokens)
+            assert torch.equal(packed.positions[row], ref.positions)
+            assert torch.equal(packed.retrieve_next_token[b, :n], ref.retrieve_next_token)
+            assert torch.equal(packed.retrieve_next_sibling[b, :n], ref.retrieve_next_sibling)
+            expect = torch.eye(width, dtype=torch.bool)
+            expect[:n, :n] = ref.tree_mask
+            assert torch.equal(mask[b], expect)
+            block = full[at : at + width * (seq_len + width)].view(width, seq_len + width)
+            assert block[:, :seq_len].all() and torch.equal(block[:, seq_len:], expect)
+            at += width * (seq_len + width)
+        assert at == full.numel()
+
+
 def test_packed_trees_verify_like_the_reference_walk():
     """SGLang's greedy tree verify on the packed arrays accepts the longest matching path."""
     gen = torch.Generator().manual_seed(0)

@@ -156,7 +156,9 @@ class NgramBranch:
     def reset(self) -> None:
         """Empty corpus and no request state (``/flush_cache``). The measured rates and step
         times stay, as the node-budget controller's do: they describe the models and the host,
-        not what was cached."""
+        not what was cached. An insert still running on the corpus's thread finishes first, so
+        that it cannot land in the emptied corpus."""
+        self.corpus.synchronize()
         self.corpus.reset()
         self._inserted.clear()
         self._last = []

@@ -62,26 +62,11 @@ def pack_trees(
         n = tree.num_nodes
         if n > width:
             raise ValueError(f"tree {b} has {n} nodes, more than the verify width {width}")
-        first, last_child, base = len(tokens), [-1] * n, int(seq_len)
         tokens += tree.tokens
         tokens += [0] * (width - n)
-        positions += [base + d for d in tree.depth]
-        positions += [base] * (width - n)
-        next_token += [-1] * width
-        next_sibling += [-1] * width
-        for i, parent in enumerate(tree.parents):
-            if parent < 0:
-                ancestors.append(1 << i)
-                continue
-            if parent >= i:
-                raise ValueError(f"node {i} has parent {parent}: parents must precede children")
-            ancestors.append(ancestors[first + parent] | (1 << i))
-            if last_child[parent] == -1:
-                next_token[first + parent] = i
-            else:
-                next_sibling[first + last_child[parent]] = i
-            last_child[parent] = i
-        ancestors += [1 << i for i in range(n, width)]  # padding sees only itself
+        positions += [int(seq_len) + d for d in tree.depth]
+        positions += [int(seq_len)] * (width - n)
+        _link_tree(tree.parents, width, next_token, next_sibling, ancestors)
         num_nodes.append(n)
         max_depth = max(max_depth, max(tree.depth))
     bs = len(num_nodes)
@@ -106,6 +91,32 @@ def pack_trees(
         width=width,
         max_depth=max_depth,
     )
+
+
+def _link_tree(
+    parents: Sequence[int],
+    width: int,
+    next_token: list[int],  # appended: first child per node, -1 for none
+    next_sibling: list[int],  # appended: next sibling per node, -1 for none
+    ancestors: list[int],  # appended: per node a bit set of itself and its ancestors
+) -> None:
+    """One tree's links and ancestor sets, padded to ``width`` (padding sees only itself)."""
+    first, last_child = len(next_token), [-1] * len(parents)
+    next_token += [-1] * width
+    next_sibling += [-1] * width
+    for i, parent in enumerate(parents):
+        if parent < 0:
+            ancestors.append(1 << i)
+            continue
+        if parent >= i:
+            raise ValueError(f"node {i} has parent {parent}: parents must precede children")
+        ancestors.append(ancestors[first + parent] | (1 << i))
+        if last_child[parent] == -1:
+            next_token[first + parent] = i
+        else:
+            next_sibling[first + last_child[parent]] = i
+        last_child[parent] = i
+    ancestors += [1 << i for i in range(len(parents), width)]
 
 
 def _bit_rows(bits: list[int], width: int) -> torch.Tensor:  # [len(bits), width] bool

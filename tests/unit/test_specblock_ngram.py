@@ -209,3 +209,19 @@ def test_bad_ngram_flags_are_refused(fields: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         SpecBlockFlags(**fields).validate()
     SpecBlockFlags(specblock_ngram=8).validate()  # on its own: fine
+
+
+def test_flush_waits_for_the_running_insert() -> None:
+    """``reset`` (``/flush_cache``) lets an insert still running on the corpus's thread finish
+    before it empties the corpus, so that insert cannot land in the emptied corpus."""
+    calls = []
+
+    class Recording:
+        def synchronize(self):
+            calls.append("synchronize")
+
+        def reset(self):
+            calls.append("reset")
+
+    NgramBranch(4, corpus=Recording()).reset()
+    assert calls == ["synchronize", "reset"]

@@ -14,9 +14,9 @@ SPECBLOCK_DEFAULT_MAX_NODES = 32  # verified tree nodes per request
 # budget measured best on the CPU hosts (benchmarks/RESULTS.md), where a verified tree costs
 # about linearly in its nodes.
 SPECBLOCK_SHIPPED_MAX_NODES = 8
-# On the shipped models the n-gram branch's nodes per request (``--specblock-ngram``), on unless
-# --specblock-adapt is: at or above SPECBLOCK without it at every load measured
-# (benchmarks/RESULTS.md).
+# On the shipped models the n-gram branch's nodes per request (``--specblock-ngram``), unless
+# --specblock-adapt or --specblock-budget off is given: at or above SPECBLOCK without it at
+# every load measured (benchmarks/RESULTS.md).
 SPECBLOCK_SHIPPED_NGRAM = 8
 
 

@@ -234,7 +234,7 @@ class NgramBranch:
         if agreed and not may_skip:  # rank 0 skips where this rank would not have
             self._matched = self._try_match()
         self._skipped = agreed and self._matched is not None
-        self._match_pending = not may_skip and self._matched is None and not agreed
+        self._match_pending = not may_skip and not agreed  # draft matches if it drafts
         return self._skipped
 
     def _try_match(self) -> tuple | None:

@@ -71,15 +71,14 @@ def pack_trees(
         max_depth = max(max_depth, max(tree.depth))
     bs = len(num_nodes)
     mask = _bit_rows(ancestors, width).view(bs, width, width)
-    if mask_format == FULL_MASK:
-        custom_mask = torch.cat(
-            [
-                torch.cat([torch.ones(width, int(seq_len), dtype=torch.bool), mask[b]], 1).reshape(-1)
-                for b, seq_len in enumerate(seq_lens)
-            ]
-        ) if bs else torch.zeros(0, dtype=torch.bool)  # fmt: skip
-    else:
+    if mask_format == QLEN_ONLY:
         custom_mask = mask.reshape(-1)
+    else:  # FULL_MASK: each request's prefix columns before its node block
+        rows = [
+            torch.cat([torch.ones(width, int(seq_len), dtype=torch.bool), mask[b]], 1).reshape(-1)
+            for b, seq_len in enumerate(seq_lens)
+        ]
+        custom_mask = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.bool)
     return PackedTrees(
         draft_tokens=torch.tensor(tokens, dtype=torch.long),
         positions=torch.tensor(positions, dtype=torch.long),

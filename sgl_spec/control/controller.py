@@ -364,13 +364,16 @@ class SpeculationController(AcceptanceObserver):
     def choose_k(self, batch_size: int, ctx_len: int) -> int:
         return self.decide(batch_size, ctx_len).k
 
-    def expects_drafts(self, batch_size: int, ctx_len: int) -> bool:
+    def expects_drafts(self, batch_size: int, ctx_len: int, measured: bool = False) -> bool:
         """Whether the next steps at this batch would draft (pure; probes not foreseen): not
-        while warming up or measuring T(0) of its bucket, else where the best setting drafts."""
+        while warming up or measuring T(0) of its bucket, else where the best setting drafts;
+        with ``measured``, only where that setting's step time was measured at this batch
+        (not a bound from other batches, nor the prior)."""
         warming = self.num_steps_seen < self.config.warmup_steps
         if self.calibrating and (warming or self._measuring_t0(batch_size)):
             return False
-        return self.best(batch_size, ctx_len).k > 0
+        best = self.best(batch_size, ctx_len)
+        return best.k > 0 and not (measured and best.source in ("bound", "prior"))
 
     def steps_to_probe(self) -> int:
         """Plain steps before the next scheduled probe (0 while probing or speculating), for

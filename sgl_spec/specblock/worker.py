@@ -293,12 +293,14 @@ class SpecBlockWorker(DrafterFollowing, TargetWrappingWorker):
 
     def _plan_alone(self, reqs, seq_lens: list[int]) -> bool:
         """Whether this step verifies the n-gram trees alone (``NgramBranch.plan``): only where
-        the controller would draft at this batch (a pure query); where it runs plain steps,
-        those are what pays."""
+        the controller would draft at this batch on a step time it measured here (a pure
+        query); where it runs plain steps, those are what pays, and while it prices drafting
+        from a bound its probes run back to back (steps without the drafter are no steps of
+        its settings: between them a probe would stretch over seconds of such steps)."""
         if self.ngram is None:
             return False
         may_skip = self.controller is None or self.controller.expects_drafts(
-            len(seq_lens), sum(seq_lens) // max(len(seq_lens), 1)
+            len(seq_lens), sum(seq_lens) // max(len(seq_lens), 1), measured=True
         )
         return self.ngram.plan(reqs, may_skip)
 

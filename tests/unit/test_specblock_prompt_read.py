@@ -79,3 +79,22 @@ def test_expects_drafts_changes_no_state() -> None:
     for bs in (1, 4, 32):
         ctrl.expects_drafts(bs, 128)
     assert (ctrl._probe, ctrl._since_probe, ctrl.num_steps_off, ctrl.num_steps_on) == before
+
+
+def test_steps_without_the_drafter_wait_for_a_measured_drafting_step() -> None:
+    # at 32 requests drafting is priced from a bound (T(k) measured at one request only): the
+    # n-gram trees alone are not verified there until the controller's probes have measured a
+    # drafting step at that batch; its probes then run back to back, not between such steps
+    ctrl = _measured({1: {0: 10, 1: 11, 2: 12, 3: 13}, 32: {0: 40}})
+    asked = []
+    ngram = SimpleNamespace(plan=lambda reqs, may_skip: asked.append(may_skip) or may_skip)
+    worker = SimpleNamespace(controller=ctrl, ngram=ngram)
+    best = ctrl.best(32, 128)
+    assert best.k > 0 and best.source == "bound" and ctrl.expects_drafts(32, 128)
+    assert not SpecBlockWorker._plan_alone(worker, [None] * 32, [128] * 32)
+    assert SpecBlockWorker._plan_alone(worker, [None], [128])  # measured at one request
+    for _ in range(ctrl.times.window):  # drafting measured at 32: paying, as at one request
+        ctrl.times.update(32, best.k, 0.041)
+    assert ctrl.best(32, 128).source == "measured"
+    assert SpecBlockWorker._plan_alone(worker, [None] * 32, [128] * 32)
+    assert asked == [False, True, True]

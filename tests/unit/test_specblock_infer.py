@@ -26,7 +26,7 @@ from sgl_spec.verify.packing import (
     pack_trees,
 )
 from sgl_spec.verify.tree import DraftTree
-from tests.helpers.references import greedy_verify_walk
+from tests.helpers.references import build_verify_input, greedy_verify_walk
 from tests.helpers.tiny_models import SPECBLOCK_D, SPECBLOCK_K, SPECBLOCK_V, specblock_drafter
 
 torch.set_num_threads(1)
@@ -163,6 +163,8 @@ def test_pack_trees_constructed():
     assert torch.equal(full[: 6 * 16].view(6, 16)[:, 10:], mask[0])
     with pytest.raises(ValueError):
         pack_trees([a], [3], width=4)
+    with pytest.raises(ValueError, match="precede"):  # node 1's parent comes after it
+        pack_trees([DraftTree([7, 1, 2], [-1, 2, 0], [0, 2, 1], [0.0] * 3)], [3], width=4)
     assert packed.max_depth == 2 and packed.num_nodes == [5, 2]
 
 
@@ -170,8 +172,6 @@ def test_pack_trees_matches_the_per_tree_inputs():
     """The batch packing equals each tree's own verify input (``build_verify_input``,
     ``ancestor_mask``) padded to the width, for random trees up to 200 nodes (masks past 64
     bits) and both mask formats."""
-    from sgl_spec.verify.tree import build_verify_input
-
     gen = torch.Generator().manual_seed(1)
     for trial in range(12):
         trees, seq_lens = [], []

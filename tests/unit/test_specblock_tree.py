@@ -18,8 +18,13 @@ from sgl_spec.specblock.tree import (
     propose_from_logits,
     prune_to_budget,
 )
-from sgl_spec.verify.tree import DraftTree, ancestor_mask, build_verify_input
-from tests.helpers.references import greedy_verify_walk, grow_tree
+from sgl_spec.verify.tree import DraftTree
+from tests.helpers.references import (
+    ancestor_mask,
+    build_verify_input,
+    greedy_verify_walk,
+    grow_tree,
+)
 
 K, W = 3, 10
 

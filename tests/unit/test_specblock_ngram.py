@@ -19,7 +19,8 @@ from sgl_spec.specblock.ngram_branch import (
     ngram_holds,
 )
 from sgl_spec.specblock.ngram_choice import EXPLORE_FIRST, EXPLORE_MAX, DrafterChoice
-from sgl_spec.verify.tree import DraftTree, ancestor_mask
+from sgl_spec.verify.tree import DraftTree
+from tests.helpers.references import ancestor_mask
 
 
 def _mask(parents: list[int]) -> np.ndarray:
